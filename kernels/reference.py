@@ -1,0 +1,92 @@
+"""Torch implementations of the paged kernels: the CPU path and the Triton kernels' test oracle.
+
+KV cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``. Block tables are int32 rows of block
+ids, padded with any valid block id; ``seq_lens`` counts every context token, the new ones included.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
+    """Contiguous ``[..., length, num_kv_heads, head_dim]`` view of the tokens behind ``block_ids``."""
+    gathered = cache[block_ids.long()]
+    return gathered.reshape(*block_ids.shape[:-1], -1, *cache.shape[2:])[..., :length, :, :]
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence. ``q``: ``[num_seqs, num_heads, head_dim]``; returns the same shape."""
+    max_len = int(seq_lens.max())
+    num_blocks = -(-max_len // k_cache.shape[1])
+    tables = block_tables[:, :num_blocks]
+    keys = _gather_context(k_cache, tables, max_len).transpose(1, 2)
+    values = _gather_context(v_cache, tables, max_len).transpose(1, 2)
+    positions = torch.arange(max_len, device=q.device)
+    mask = (positions[None, :] < seq_lens[:, None].to(q.device))[:, None, None, :]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.squeeze(2)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its whole paged context.
+
+    ``q``: ``[num_tokens, num_heads, head_dim]``, sequence ``i`` owning rows
+    ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``, which are the last tokens of its ``seq_lens[i]`` context tokens.
+    """
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    starts = cu_seqlens_q.tolist()
+    for i, context_len in enumerate(seq_lens.tolist()):
+        start, end = starts[i], starts[i + 1]
+        num_new = end - start
+        if num_new == 0:
+            continue
+        blocks = block_tables[i, : -(-context_len // block_size)]
+        keys = _gather_context(k_cache, blocks, context_len).transpose(0, 1)
+        values = _gather_context(v_cache, blocks, context_len).transpose(0, 1)
+        queries = q[start:end].transpose(0, 1)
+        if num_new == context_len:
+            attended = F.scaled_dot_product_attention(
+                queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
+            )
+        else:
+            query_pos = torch.arange(context_len - num_new, context_len, device=q.device)
+            mask = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]
+            attended = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        out[start:end] = attended.transpose(0, 1)
+    return out
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``k``/``v`` (``[num_tokens, num_kv_heads, head_dim]``) into their slots; slot -1 is skipped."""
+    slots = slot_mapping.long()
+    valid = slots >= 0
+    if not bool(valid.all()):
+        slots, k, v = slots[valid], k[valid], v[valid]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
