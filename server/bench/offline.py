@@ -1,0 +1,93 @@
+"""The engine's offline throughput, and Hugging Face transformers' on the same prompts, in one run."""
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+
+from server.engine.engine import LLMEngine
+from server.engine.request import SamplingParams
+from server.engine_args import engine_config_from_args
+
+
+@dataclass(frozen=True)
+class Throughput:
+    label: str
+    output_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def random_prompts(num: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """Random token ids away from the special tokens at the start of the vocabulary."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1000, vocab_size, (num, length), generator=generator).tolist()
+
+
+def time_engine(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> Throughput:
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    started = time.perf_counter()
+    for index, prompt in enumerate(prompts):
+        engine.add_request(engine.make_request(f"bench-{started}-{index}", prompt, params))
+    produced = 0
+    while engine.has_unfinished_requests():
+        produced += sum(len(o.outputs[0].delta_token_ids) for o in engine.step())
+    return Throughput("vigil engine", produced, time.perf_counter() - started)
+
+
+def time_transformers(model, prompts: list[list[int]], output_len: int, batch_size: int, label: str) -> Throughput:
+    produced = 0
+    started = time.perf_counter()
+    for first in range(0, len(prompts), batch_size):
+        batch = torch.tensor(prompts[first : first + batch_size])
+        with torch.inference_mode():
+            out = model.generate(
+                batch, attention_mask=torch.ones_like(batch), max_new_tokens=output_len,
+                min_new_tokens=output_len, do_sample=False, pad_token_id=0,
+            )
+        produced += (out.shape[1] - batch.shape[1]) * batch.shape[0]
+    return Throughput(label, produced, time.perf_counter() - started)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = engine_config_from_args(args)
+    engine = LLMEngine.from_config(config)
+    prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed)
+    time_engine(engine, prompts[:4], 8)
+    results = [time_engine(engine, prompts, args.output_len)]
+    if not args.skip_hf:
+        results += hf_results(args, engine, prompts)
+    print_table(results, engine)
+    return 0
+
+
+def hf_results(args: argparse.Namespace, engine: LLMEngine, prompts: list[list[int]]) -> list[Throughput]:
+    from transformers import LlamaForCausalLM
+
+    from server.models.loader import resolve_model_folder
+
+    folder = resolve_model_folder(engine.config.model)
+    dtype = engine.runner.kv_caches[0][0].dtype
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    time_transformers(model, prompts[:1], 4, 1, "warm-up")
+    batch = min(args.hf_batch_size, len(prompts))
+    return [
+        time_transformers(model, prompts[: args.hf_single_requests], args.output_len, 1, "transformers, batch 1"),
+        time_transformers(model, prompts[:batch], args.output_len, batch, f"transformers, static batch {batch}"),
+    ]
+
+
+def print_table(results: list[Throughput], engine: LLMEngine) -> None:
+    engine_result = results[0]
+    dtype = engine.runner.kv_caches[0][0].dtype
+    print(f"\nbench offline: {engine.config.model or 'bundled SmolLM2-135M-Instruct'}, {dtype}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"{'':34} {'output tok/s':>12} {'tokens':>8} {'seconds':>8} {'vigil ÷ this':>13}")
+    for result in results:
+        ratio = engine_result.tokens_per_second / result.tokens_per_second
+        print(f"{result.label:34} {result.tokens_per_second:12.1f} {result.output_tokens:8d} "
+              f"{result.seconds:8.2f} {ratio:12.2f}x")

@@ -1,0 +1,27 @@
+"""``python -m server bench offline``: throughput of the engine beside Hugging Face transformers."""
+
+import argparse
+
+from server.engine_args import add_engine_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks")
+    modes = parser.add_subparsers(dest="mode", required=True)
+    offline = modes.add_parser("offline", help="engine throughput vs transformers, in one run")
+    offline.add_argument("--num-prompts", type=int, default=64)
+    offline.add_argument("--input-len", type=int, default=128)
+    offline.add_argument("--output-len", type=int, default=128)
+    offline.add_argument("--seed", type=int, default=0)
+    offline.add_argument("--hf-single-requests", type=int, default=2,
+                         help="requests timed one at a time with transformers (batch 1)")
+    offline.add_argument("--hf-batch-size", type=int, default=32, help="transformers' padded static batch")
+    offline.add_argument("--skip-hf", action="store_true", help="time the engine alone")
+    add_engine_args(offline)
+    offline.set_defaults(func=run_offline)
+
+
+def run_offline(args: argparse.Namespace) -> int:
+    from server.bench.offline import run
+
+    return run(args)

@@ -1,0 +1,45 @@
+"""Engine and server settings as plain dataclasses, with vLLM-style names."""
+
+import re
+from dataclasses import dataclass
+
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6, "MIB": 2**20,
+          "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12, "TIB": 2**40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"2GiB"``, ``"512MB"``, ``"1.5G"`` or a plain number of bytes."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (try 2GiB or 512MB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    kv_cache_memory: int = 2 * 2**30
+    gpu_memory_utilization: float = 0.9
+    max_queue_len: int = 1024
+    enable_prefix_caching: bool = True
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.block_size not in (8, 16, 32):
+            raise ValueError("block_size must be 8, 16 or 32")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_queue_len", "kv_cache_memory"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")

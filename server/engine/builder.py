@@ -1,0 +1,80 @@
+"""Assembles an engine from an EngineConfig: model files, device, dtype, KV pool, scheduler."""
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernels.backend import select_attention_ops
+from server.config import EngineConfig
+from server.engine.block_manager import BlockManager
+from server.engine.model_runner import ModelRunner, kv_bytes_per_block
+from server.engine.scheduler import Scheduler, SchedulerConfig
+from server.engine.stats import CacheInfo
+from server.models.config import ModelConfig
+from server.models.llama import LlamaModel
+from server.models.loader import load_weights, resolve_model_folder
+from server.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from server.engine.engine import LLMEngine
+
+logger = logging.getLogger("vigil.engine")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, model_config: ModelConfig, device: torch.device) -> torch.dtype:
+    """``auto`` takes the checkpoint's dtype; half precision on the CPU means bf16, which has fast kernels."""
+    if name != "auto":
+        return _DTYPES[name]
+    dtype = _DTYPES.get(model_config.torch_dtype.removeprefix("torch."), torch.float32)
+    if device.type == "cpu" and dtype == torch.float16:
+        return torch.bfloat16
+    return dtype
+
+
+def count_kv_blocks(config: EngineConfig, bytes_per_block: int, device: torch.device) -> int:
+    """CPU: ``--kv-cache-memory``. CUDA: what ``--gpu-memory-utilization`` leaves after the weights."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = free - total * (1.0 - config.gpu_memory_utilization)
+    else:
+        budget = config.kv_cache_memory
+    num_blocks = int(budget // bytes_per_block)
+    if num_blocks < 1:
+        raise ValueError("no room for a single KV block: raise --kv-cache-memory or --gpu-memory-utilization")
+    return num_blocks
+
+
+def build_engine(engine_cls: type["LLMEngine"], config: EngineConfig) -> "LLMEngine":
+    folder = resolve_model_folder(config.model, Path(config.cache_dir) if config.cache_dir else None)
+    model_config = ModelConfig.from_folder(folder)
+    tokenizer = Tokenizer.from_folder(folder)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, model_config, device)
+    weights = {name: w.to(device) for name, w in load_weights(folder, dtype).items()}
+    ops = select_attention_ops(device)
+    model = LlamaModel(model_config, weights, ops, device)
+    max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                        model_config.max_position_embeddings)
+    bytes_per_block = kv_bytes_per_block(model_config, config.block_size, dtype)
+    num_blocks = count_kv_blocks(config, bytes_per_block, device)
+    cache_info = CacheInfo(num_blocks, config.block_size, bytes_per_block, str(device))
+    logger.info(
+        "KV cache: %d blocks of %d tokens (%.1f MiB) on %s, %s, attention backend %s",
+        num_blocks, config.block_size, cache_info.total_bytes / 2**20, device, dtype, ops.name,
+    )
+    runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
+    block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    scheduler = Scheduler(
+        SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.max_queue_len), block_manager
+    )
+    return engine_cls(config, model_config, tokenizer, scheduler, runner, cache_info, max_model_len)

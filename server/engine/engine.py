@@ -1,0 +1,223 @@
+"""LLMEngine.step(): schedule, run the model, update requests, and hand out outputs and stats."""
+
+import logging
+import time
+from collections.abc import Callable
+
+from server.config import EngineConfig
+from server.engine.model_runner import ModelRunner
+from server.engine.output_processor import OutputProcessor
+from server.engine.request import InvalidRequestError, Request, RequestOutput, RequestStatus, SamplingParams
+from server.engine.scheduler import Scheduler, SchedulerOutput
+from server.engine.stats import CacheInfo, FinishedRequestStats, RequestEvent, StepStats
+from server.models.config import ModelConfig
+from server.models.tokenizer import Tokenizer
+
+logger = logging.getLogger("vigil.engine")
+
+StatsListener = Callable[[StepStats], None]
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        tokenizer: Tokenizer,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        cache_info: CacheInfo,
+        max_model_len: int,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.runner = runner
+        self.cache_info = cache_info
+        self.max_model_len = max_model_len
+        self.output_processor = OutputProcessor(tokenizer)
+        self.requests: dict[str, Request] = {}
+        self.stats_listeners: list[StatsListener] = []
+        self._pending_events: list[RequestEvent] = []
+        self._pending_finished: list[FinishedRequestStats] = []
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "LLMEngine":
+        from server.engine.builder import build_engine
+
+        return build_engine(cls, config)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        ids = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return tuple(sorted(ids))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def make_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, arrival_time: float | None = None
+    ) -> Request:
+        """Validate and tokenize; raises InvalidRequestError naming the offending parameter."""
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
+        params.verify(self.vocab_size)
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in token_ids):
+            raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})", param="prompt")
+        room = self.max_model_len - len(token_ids)
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt has {len(token_ids)} tokens; this model allows at most {self.max_model_len - 1}",
+                param="prompt",
+            )
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise InvalidRequestError(
+                f"prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                f"maximum context length of {self.max_model_len}",
+                param="max_tokens",
+            )
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            max_tokens=params.max_tokens or room,
+            eos_token_ids=self.eos_token_ids,
+            prompt=prompt if isinstance(prompt, str) else None,
+        )
+        if arrival_time is not None:
+            request.times.arrival = arrival_time
+        return request
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request made by make_request; raises QueueFullError when the queue is at its bound."""
+        self.scheduler.add_request(request)
+        self.requests[request.request_id] = request
+        self.output_processor.add_request(request)
+        self._pending_events.append(RequestEvent(request.request_id, "queued", request.times.queued))
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED)
+        self._retire(request)
+
+    def step(self) -> list[RequestOutput]:
+        started = time.monotonic()
+        scheduled = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        received: list[Request] = []
+        latencies: tuple[list[float], list[float]] = ([], [])
+        if not scheduled.is_empty:
+            sampled = self.runner.execute(scheduled)
+            received = self.scheduler.update_from_output(scheduled, sampled)
+            latencies = self._stamp_tokens(received)
+            outputs = [self._process(request) for request in received]
+        if self.stats_listeners and (not scheduled.is_empty or self._pending_finished):
+            stats = self._step_stats(scheduled, received, latencies, started)
+            for listener in self.stats_listeners:
+                listener(stats)
+        self._pending_events.clear()
+        self._pending_finished.clear()
+        return outputs
+
+    def _stamp_tokens(self, received: list[Request]) -> tuple[list[float], list[float]]:
+        """Record token times; returns this step's times to first token and inter-token latencies."""
+        now = time.monotonic()
+        first_token_latencies: list[float] = []
+        inter_token_latencies: list[float] = []
+        for request in received:
+            times = request.times
+            if times.first_token is None:
+                times.first_token = now
+                first_token_latencies.append(now - times.arrival)
+                self._pending_events.append(RequestEvent(request.request_id, "first_token", now))
+            else:
+                inter_token_latencies.append(now - times.last_token)
+            times.last_token = now
+        return first_token_latencies, inter_token_latencies
+
+    def _process(self, request: Request) -> RequestOutput:
+        stop = self.output_processor.update_text(request)
+        if stop is not None and not request.status.finished:
+            self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, stop)
+        elif stop is not None:
+            request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+        output = self.output_processor.make_output(request)
+        if request.status.finished:
+            self._retire(request)
+        return output
+
+    def _retire(self, request: Request) -> None:
+        self.requests.pop(request.request_id, None)
+        self.output_processor.remove_request(request.request_id)
+        self.runner.sampler.forget(request.request_id)
+        if self.stats_listeners:
+            self._pending_finished.append(finished_stats(request))
+
+    def _step_stats(
+        self,
+        scheduled: SchedulerOutput,
+        received: list[Request],
+        latencies: tuple[list[float], list[float]],
+        started: float,
+    ) -> StepStats:
+        now = time.monotonic()
+        events = list(self._pending_events)
+        events += [RequestEvent(r.request_id, "scheduled", r.times.scheduled) for r in scheduled.newly_scheduled
+                   if r.times.scheduled is not None and r.times.scheduled >= started]
+        events += [RequestEvent(r.request_id, "preempted", now) for r in scheduled.preempted]
+        prompt_tokens = sum(s.num_prompt_tokens for s in scheduled.scheduled)
+        num_decode = sum(1 for s in scheduled.scheduled if s.is_decode)
+        block_manager = self.scheduler.block_manager
+        return StepStats(
+            timestamp=now,
+            step_duration_s=now - started,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_kv_blocks_used=block_manager.num_used_blocks,
+            num_kv_blocks_total=block_manager.num_blocks,
+            num_scheduled_tokens=scheduled.num_scheduled_tokens,
+            num_prefill_seqs=len(scheduled.scheduled) - num_decode,
+            num_decode_seqs=num_decode,
+            num_preemptions=len(scheduled.preempted),
+            prefix_cache_queries=scheduled.prefix_cache_queries,
+            prefix_cache_hits=scheduled.prefix_cache_hits,
+            num_prompt_tokens=prompt_tokens,
+            num_generation_tokens=len(received),
+            time_to_first_tokens_s=latencies[0],
+            inter_token_latencies_s=latencies[1],
+            events=events,
+            finished=list(self._pending_finished),
+        )
+
+
+def finished_stats(request: Request) -> FinishedRequestStats:
+    times = request.times
+    return FinishedRequestStats(
+        request_id=request.request_id,
+        finish_reason=request.status.value,
+        stop_reason=request.stop_reason,
+        arrival_time=times.arrival,
+        queued_time=times.queued,
+        scheduled_time=times.scheduled,
+        first_token_time=times.first_token,
+        last_token_time=times.last_token,
+        finished_time=times.finished or time.monotonic(),
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_generation_tokens=len(request.output_token_ids),
+        num_cached_tokens=request.num_cached_tokens,
+        num_preemptions=request.num_preemptions,
+        sampling_params=request.sampling_params,
+        output_token_ids=tuple(request.output_token_ids),
+    )

@@ -1,0 +1,101 @@
+"""Builds the paged batch for a step (positions, slots, block tables), runs the model and samples."""
+
+import torch
+
+from server.engine.request import Request
+from server.engine.sampler import Sampler
+from server.engine.scheduler import SchedulerOutput
+from server.models.config import ModelConfig
+from server.models.llama import AttentionMetadata, LlamaModel
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """K and V, every layer, one block."""
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+    return per_token * block_size * dtype.itemsize
+
+
+def _int_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _block_tables(requests: list[Request], device: torch.device) -> torch.Tensor:
+    width = max((len(r.block_ids) for r in requests), default=0)
+    rows = [r.block_ids + [0] * (width - len(r.block_ids)) for r in requests]
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(requests), width)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self.sampler = Sampler()
+
+    def execute(self, output: SchedulerOutput) -> list[int | None]:
+        """One forward pass; a sampled token for each scheduled request that is now up to date, else None."""
+        input_ids, positions, meta, sample_rows = self._prepare(output)
+        hidden = self.model.forward(input_ids, positions, self.kv_caches, meta)
+        sampling = [s.request for s in output.scheduled if s.samples]
+        if not sampling:
+            return [None] * len(output.scheduled)
+        logits = self.model.compute_logits(hidden[sample_rows])
+        tokens = iter(self.sampler.sample(logits, sampling))
+        return [next(tokens) if s.samples else None for s in output.scheduled]
+
+    def _prepare(
+        self, output: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        cu_seqlens = [0]
+        for item in output.scheduled:
+            request, start = item.request, item.start
+            end = start + item.num_new_tokens
+            all_ids = request.all_token_ids if item.num_new_tokens > 1 else None
+            for pos in range(start, end):
+                input_ids.append(all_ids[pos] if all_ids is not None else request.token_at(pos))
+                positions.append(pos)
+                slots.append(request.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size)
+            if item.samples:
+                sample_rows.append(len(input_ids) - 1)
+            if item.num_new_tokens == 1:
+                decodes.append(request)
+            else:
+                prefills.append(request)
+                cu_seqlens.append(cu_seqlens[-1] + item.num_new_tokens)
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=_block_tables(decodes, device),
+            decode_seq_lens=_int_tensor([s.start + 1 for s in output.scheduled[: len(decodes)]], device),
+            prefill_block_tables=_block_tables(prefills, device),
+            prefill_cu_seqlens_q=_int_tensor(cu_seqlens, device),
+            prefill_seq_lens=_int_tensor(
+                [s.start + s.num_new_tokens for s in output.scheduled[len(decodes) :]], device
+            ),
+        )
+        return (
+            torch.tensor(input_ids, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device),
+            meta,
+            torch.tensor(sample_rows, dtype=torch.long, device=device),
+        )

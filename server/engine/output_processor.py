@@ -1,0 +1,78 @@
+"""Turns new tokens into text deltas, applies stop strings, and shapes RequestOutputs."""
+
+from dataclasses import dataclass
+
+from server.engine.request import CompletionOutput, Request, RequestOutput
+from server.models.detokenizer import IncrementalDetokenizer
+from server.models.tokenizer import Tokenizer
+
+
+@dataclass
+class _TextState:
+    detokenizer: IncrementalDetokenizer
+    text: str = ""
+    emitted_chars: int = 0
+    emitted_tokens: int = 0
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._states: dict[str, _TextState] = {}
+
+    def add_request(self, request: Request) -> None:
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, request.sampling_params.skip_special_tokens
+        )
+        self._states[request.request_id] = _TextState(detokenizer)
+
+    def remove_request(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    def update_text(self, request: Request) -> str | None:
+        """Detokenize the request's newest token; returns the stop string it completed, if any."""
+        state = self._states[request.request_id]
+        checked_chars = len(state.text)
+        state.text += state.detokenizer.add_token(request.output_token_ids[-1])
+        if request.status.finished:
+            state.text += state.detokenizer.flush()
+        stops = request.sampling_params.stop
+        if not stops:
+            return None
+        longest = max(len(s) for s in stops)
+        window_start = max(0, checked_chars - longest + 1)
+        hits = [(state.text.find(s, window_start), s) for s in stops]
+        hits = [(index, s) for index, s in hits if index >= 0]
+        if not hits:
+            return None
+        index, stop = min(hits)
+        state.text = state.text[:index]
+        return stop
+
+    def make_output(self, request: Request) -> RequestOutput:
+        """The request's output so far; text that might yet become a stop string is held back."""
+        state = self._states[request.request_id]
+        finished = request.status.finished
+        visible = len(state.text)
+        if not finished and request.sampling_params.stop:
+            visible -= max(len(s) for s in request.sampling_params.stop) - 1
+        visible = max(visible, state.emitted_chars)
+        completion = CompletionOutput(
+            index=0,
+            text=state.text[:visible],
+            token_ids=list(request.output_token_ids),
+            delta_text=state.text[state.emitted_chars : visible],
+            delta_token_ids=request.output_token_ids[state.emitted_tokens :],
+            finish_reason=request.status.value if finished else None,
+            stop_reason=request.stop_reason,
+        )
+        state.emitted_chars = visible
+        state.emitted_tokens = len(request.output_token_ids)
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            num_cached_tokens=request.num_cached_tokens,
+        )

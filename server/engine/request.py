@@ -1,0 +1,165 @@
+"""A request's parameters, state and outputs: the values that travel between the engine's parts."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_TOKEN_IDS = 64
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens and when to stop. Defaults follow vLLM's."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    max_tokens: int | None = 16
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        )
+
+    def verify(self, vocab_size: int) -> None:
+        """Raise ValueError, naming the parameter, for any value the engine cannot honour."""
+        checks = [
+            ("temperature", self.temperature >= 0.0, "must be >= 0"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
+            ("top_k", self.top_k >= -1, "must be -1 (disabled) or >= 0"),
+            ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
+            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "must be in (0, 10]"),
+            ("stop", len(self.stop) <= MAX_STOP_SEQUENCES, f"allows at most {MAX_STOP_SEQUENCES} strings"),
+            ("stop", all(self.stop), "strings must not be empty"),
+            (
+                "stop_token_ids",
+                len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+                f"allows at most {MAX_STOP_TOKEN_IDS} ids",
+            ),
+            (
+                "stop_token_ids",
+                all(0 <= t < vocab_size for t in self.stop_token_ids),
+                f"must lie in [0, {vocab_size})",
+            ),
+        ]
+        for name, ok, message in checks:
+            if not ok:
+                raise InvalidRequestError(f"{name} {message}", param=name)
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses; ``param`` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound; the caller should retry later."""
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+@dataclass
+class RequestTimes:
+    """Monotonic timestamps (``time.monotonic()``) of a request's life; None until reached."""
+
+    arrival: float = field(default_factory=time.monotonic)
+    queued: float | None = None
+    scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class Request:
+    """One sequence as the engine tracks it. ``n > 1`` is fanned out into several of these upstream."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    max_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
+    prompt: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: str | int | None = None
+    times: RequestTimes = field(default_factory=RequestTimes)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, position: int) -> int:
+        prompt_len = len(self.prompt_token_ids)
+        if position < prompt_len:
+            return self.prompt_token_ids[position]
+        return self.output_token_ids[position - prompt_len]
+
+
+@dataclass
+class CompletionOutput:
+    """One choice of a request: cumulative text and tokens, plus what is new since the last output."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0

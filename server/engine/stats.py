@@ -1,0 +1,77 @@
+"""Plain stats dataclasses, the engine's only outward telemetry. Consumers live outside ``server/engine``."""
+
+from dataclasses import dataclass, field
+
+from server.engine.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """The KV pool as sized at start."""
+
+    num_blocks: int
+    block_size: int
+    bytes_per_block: int
+    device: str
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    """A moment in a request's life: ``queued``, ``scheduled``, ``first_token`` or ``preempted``."""
+
+    request_id: str
+    kind: str
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class FinishedRequestStats:
+    """Everything known about a request once it has ended. Timestamps are ``time.monotonic()`` values."""
+
+    request_id: str
+    finish_reason: str
+    stop_reason: str | int | None
+    arrival_time: float
+    queued_time: float | None
+    scheduled_time: float | None
+    first_token_time: float | None
+    last_token_time: float | None
+    finished_time: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_cached_tokens: int
+    num_preemptions: int
+    sampling_params: SamplingParams
+    output_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step: what was scheduled, how the pool stood, and what came out."""
+
+    timestamp: float
+    step_duration_s: float
+    num_running: int
+    num_waiting: int
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+    num_scheduled_tokens: int
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    time_to_first_tokens_s: list[float] = field(default_factory=list)
+    inter_token_latencies_s: list[float] = field(default_factory=list)
+    events: list[RequestEvent] = field(default_factory=list)
+    finished: list[FinishedRequestStats] = field(default_factory=list)
+
+    @property
+    def num_scheduled_seqs(self) -> int:
+        return self.num_prefill_seqs + self.num_decode_seqs

@@ -1,0 +1,40 @@
+"""Command-line flags for the engine, shared by every subcommand that builds one."""
+
+import argparse
+
+from server.config import EngineConfig, parse_bytes
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    defaults = EngineConfig()
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: bundled SmolLM2)")
+    group.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda[:N]")
+    group.add_argument("--block-size", type=int, default=defaults.block_size, choices=[8, 16, 32])
+    group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    group.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument("--kv-cache-memory", type=parse_bytes, default=defaults.kv_cache_memory,
+                       help="KV pool size on the CPU, e.g. 2GiB")
+    group.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
+    group.add_argument("--max-queue-len", type=int, default=defaults.max_queue_len)
+    group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_queue_len=args.max_queue_len,
+        enable_prefix_caching=args.enable_prefix_caching,
+        cache_dir=args.cache_dir,
+    )
