@@ -2,3 +2,28 @@ import os
 
 # The Triton interpreter must be on before any @triton.jit function is defined.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from server.models.loader import resolve_model_folder  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm_folder():
+    """The bundled SmolLM2 GGUF, converted once into the user's cache (as `make serve` would)."""
+    return resolve_model_folder(None)
+
+
+@pytest.fixture(scope="session")
+def llm_fp32(smollm_folder):
+    from server import LLM
+
+    return LLM(model=str(smollm_folder), dtype="float32", kv_cache_memory=256 * 2**20)
+
+
+@pytest.fixture(scope="session")
+def hf_fp32(smollm_folder):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(smollm_folder, dtype=torch.float32).eval()
