@@ -31,13 +31,23 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: without them, bf16 matmuls on the CPU are emulated and slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def resolve_dtype(name: str, model_config: ModelConfig, device: torch.device) -> torch.dtype:
-    """``auto`` takes the checkpoint's dtype; half precision on the CPU means bf16, which has fast kernels."""
+    """``auto`` takes the checkpoint's dtype, except that the CPU computes half precision in bf16 where it has
+    bf16 instructions and in fp32 where it has not."""
     if name != "auto":
         return _DTYPES[name]
     dtype = _DTYPES.get(model_config.torch_dtype.removeprefix("torch."), torch.float32)
-    if device.type == "cpu" and dtype == torch.float16:
-        return torch.bfloat16
+    if device.type == "cpu" and dtype != torch.float32:
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     return dtype
 
 
