@@ -1,0 +1,118 @@
+"""Text <-> token ids and chat prompts, from a Hugging Face folder's tokenizer files.
+
+The underlying ``tokenizers.Tokenizer`` is safe to call from several threads at once.
+"""
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import tokenizers
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        add_bos_token: bool = False,
+    ) -> None:
+        self._backend = backend
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.add_bos_token = add_bos_token
+        self.bos_token_id: int | None = backend.token_to_id(bos_token) if bos_token else None
+        self.eos_token_id: int | None = backend.token_to_id(eos_token) if eos_token else None
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.all_special_ids: set[int] = {
+            token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special
+        }
+        self.chat_template = chat_template
+        self._compiled_template = _compile_chat_template(chat_template) if chat_template else None
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "Tokenizer":
+        folder = Path(folder)
+        config_path = folder / "tokenizer_config.json"
+        config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        return cls(
+            tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")),
+            chat_template=_find_chat_template(folder, config),
+            bos_token=_token_content(config.get("bos_token")),
+            eos_token=_token_content(config.get("eos_token")),
+            add_bos_token=bool(config.get("add_bos_token", False)),
+        )
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # The tokenizer.json post-processor adds what the model's authors configured (e.g. Llama 3's
+        # BOS); add_bos_token (tokenizer_config.json) adds a BOS on top only if it is not there yet.
+        ids = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        wants_bos = add_special_tokens and self.add_bos_token and self.bos_token_id is not None
+        if wants_bos and (not ids or ids[0] != self.bos_token_id):
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        if token_id < 0:
+            return None
+        return self._backend.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self._compiled_template is None:
+            raise ValueError("This model has no chat template; send a plain completion prompt instead.")
+        return self._compiled_template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+
+def _compile_chat_template(source: str) -> jinja2.Template:
+    # The same environment settings as Hugging Face, so that templates written for it render identically.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _find_chat_template(folder: Path, config: dict[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # the older named-templates form: [{"name": ..., "template": ...}]
+        named = {entry["name"]: entry["template"] for entry in template}
+        template = named.get("default")
+    if template:
+        return template
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text()
+    json_file = folder / "chat_template.json"
+    if json_file.is_file():
+        return json.loads(json_file.read_text()).get("chat_template")
+    return None
+
+
+def _token_content(token: str | dict | None) -> str | None:
+    # tokenizer_config.json writes special tokens either as plain strings or as AddedToken dicts.
+    if isinstance(token, dict):
+        return token.get("content")
+    return token
