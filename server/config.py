@@ -31,6 +31,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_queue_len: int = 1024
     enable_prefix_caching: bool = True
+    stop_on_repetition: bool = False
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -43,3 +44,37 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_queue_len", "kv_cache_memory"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+
+
+@dataclass
+class ServerConfig:
+    """The HTTP server's settings; the engine's are in EngineConfig."""
+
+    served_model_name: str = "SmolLM2-135M-Instruct"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str, ...] = ()
+    metrics_require_api_key: bool = False
+    rate_limit_rpm: int | None = None
+    rate_limit_tpm: int | None = None
+    max_request_bytes: int = 4 * 2**20
+    max_header_bytes: int = 16 * 2**10
+    shutdown_timeout: float = 30.0
+    enable_test_hooks: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.served_model_name:
+            raise ValueError("served_model_name must not be empty")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be in [0, 65535]")
+        for name in ("rate_limit_rpm", "rate_limit_tpm"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive")
+        for name in ("max_request_bytes", "max_header_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.shutdown_timeout < 0:
+            raise ValueError("shutdown_timeout must not be negative")
+        if any(not key or not key.isascii() or not key.isprintable() for key in self.api_keys):
+            raise ValueError("API keys must be non-empty printable ASCII")

@@ -20,6 +20,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
     group.add_argument("--max-queue-len", type=int, default=defaults.max_queue_len)
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    group.add_argument("--stop-on-repetition", action="store_true",
+                       help="end a request whose output loops (finish_reason stop, stop_reason repetition)")
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
 
 
@@ -36,5 +38,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_queue_len=args.max_queue_len,
         enable_prefix_caching=args.enable_prefix_caching,
+        stop_on_repetition=args.stop_on_repetition,
         cache_dir=args.cache_dir,
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from server.config import EngineConfig
 from server.engine.model_runner import ModelRunner
 from server.engine.output_processor import OutputProcessor
+from server.engine.repetition import RepetitionDetector
 from server.engine.request import InvalidRequestError, Request, RequestOutput, RequestStatus, SamplingParams
 from server.engine.scheduler import Scheduler, SchedulerOutput
 from server.engine.stats import CacheInfo, FinishedRequestStats, RequestEvent, StepStats
@@ -93,6 +94,7 @@ class LLMEngine:
             max_tokens=params.max_tokens or room,
             eos_token_ids=self.eos_token_ids,
             prompt=prompt if isinstance(prompt, str) else None,
+            repetition=RepetitionDetector() if self.config.stop_on_repetition else None,
         )
         if arrival_time is not None:
             request.times.arrival = arrival_time
@@ -117,35 +119,33 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         outputs: list[RequestOutput] = []
         received: list[Request] = []
-        latencies: tuple[list[float], list[float]] = ([], [])
+        inter_token_latencies: list[float] = []
         if not scheduled.is_empty:
             sampled = self.runner.execute(scheduled)
             received = self.scheduler.update_from_output(scheduled, sampled)
-            latencies = self._stamp_tokens(received)
+            inter_token_latencies = self._stamp_tokens(received)
             outputs = [self._process(request) for request in received]
         if self.stats_listeners and (not scheduled.is_empty or self._pending_finished):
-            stats = self._step_stats(scheduled, received, latencies, started)
+            stats = self._step_stats(scheduled, received, inter_token_latencies, started)
             for listener in self.stats_listeners:
                 listener(stats)
         self._pending_events.clear()
         self._pending_finished.clear()
         return outputs
 
-    def _stamp_tokens(self, received: list[Request]) -> tuple[list[float], list[float]]:
-        """Record token times; returns this step's times to first token and inter-token latencies."""
+    def _stamp_tokens(self, received: list[Request]) -> list[float]:
+        """Record token times; returns this step's inter-token latencies."""
         now = time.monotonic()
-        first_token_latencies: list[float] = []
         inter_token_latencies: list[float] = []
         for request in received:
             times = request.times
             if times.first_token is None:
                 times.first_token = now
-                first_token_latencies.append(now - times.arrival)
                 self._pending_events.append(RequestEvent(request.request_id, "first_token", now))
             else:
                 inter_token_latencies.append(now - times.last_token)
             times.last_token = now
-        return first_token_latencies, inter_token_latencies
+        return inter_token_latencies
 
     def _process(self, request: Request) -> RequestOutput:
         stop = self.output_processor.update_text(request)
@@ -169,7 +169,7 @@ class LLMEngine:
         self,
         scheduled: SchedulerOutput,
         received: list[Request],
-        latencies: tuple[list[float], list[float]],
+        inter_token_latencies: list[float],
         started: float,
     ) -> StepStats:
         now = time.monotonic()
@@ -195,8 +195,7 @@ class LLMEngine:
             prefix_cache_hits=scheduled.prefix_cache_hits,
             num_prompt_tokens=prompt_tokens,
             num_generation_tokens=len(received),
-            time_to_first_tokens_s=latencies[0],
-            inter_token_latencies_s=latencies[1],
+            inter_token_latencies_s=inter_token_latencies,
             events=events,
             finished=list(self._pending_finished),
         )
@@ -218,6 +217,7 @@ def finished_stats(request: Request) -> FinishedRequestStats:
         num_generation_tokens=len(request.output_token_ids),
         num_cached_tokens=request.num_cached_tokens,
         num_preemptions=request.num_preemptions,
+        max_tokens=request.max_tokens,
         sampling_params=request.sampling_params,
         output_token_ids=tuple(request.output_token_ids),
     )

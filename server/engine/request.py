@@ -4,6 +4,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from server.engine.repetition import RepetitionDetector
+
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_TOKEN_IDS = 64
 
@@ -122,6 +124,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: str | int | None = None
     times: RequestTimes = field(default_factory=RequestTimes)
+    repetition: RepetitionDetector | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -165,13 +165,15 @@ class Scheduler:
         return received
 
 
-def token_stop(request: Request, token: int) -> tuple[RequestStatus, int | None] | None:
-    """Stop conditions that need no text: EOS, stop token ids, and the length limit."""
+def token_stop(request: Request, token: int) -> tuple[RequestStatus, int | str | None] | None:
+    """Stop conditions that need no text: EOS, stop token ids, a repetition loop, and the length limit."""
     params = request.sampling_params
     if not params.ignore_eos and token in request.eos_token_ids:
         return RequestStatus.FINISHED_STOPPED, None
     if token in params.stop_token_ids:
         return RequestStatus.FINISHED_STOPPED, token
+    if request.repetition is not None and request.repetition.add(token):
+        return RequestStatus.FINISHED_STOPPED, "repetition"
     if len(request.output_token_ids) >= request.max_tokens:
         return RequestStatus.FINISHED_LENGTH, None
     return None

@@ -45,6 +45,7 @@ class FinishedRequestStats:
     num_generation_tokens: int
     num_cached_tokens: int
     num_preemptions: int
+    max_tokens: int
     sampling_params: SamplingParams
     output_token_ids: tuple[int, ...]
 
@@ -67,7 +68,6 @@ class StepStats:
     prefix_cache_hits: int
     num_prompt_tokens: int
     num_generation_tokens: int
-    time_to_first_tokens_s: list[float] = field(default_factory=list)
     inter_token_latencies_s: list[float] = field(default_factory=list)
     events: list[RequestEvent] = field(default_factory=list)
     finished: list[FinishedRequestStats] = field(default_factory=list)
