@@ -1,8 +1,8 @@
 """The one dispatch point between the Triton kernels and their torch twins."""
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -177,6 +177,7 @@ class LLMEngine:
         events += [RequestEvent(r.request_id, "scheduled", r.times.scheduled) for r in scheduled.newly_scheduled
                    if r.times.scheduled is not None and r.times.scheduled >= started]
         events += [RequestEvent(r.request_id, "preempted", now) for r in scheduled.preempted]
+        events.sort(key=lambda e: e.timestamp)
         prompt_tokens = sum(s.num_prompt_tokens for s in scheduled.scheduled)
         num_decode = sum(1 for s in scheduled.scheduled if s.is_decode)
         block_manager = self.scheduler.block_manager
