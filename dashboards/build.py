@@ -1,0 +1,756 @@
+"""Writes Vigil's four Grafana dashboards (dashboards/*.json) from the descriptions below.
+
+    python dashboards/build.py           rewrite the JSON files
+    python dashboards/build.py --check   exit 1 if a committed file differs from what this would write
+
+Every panel reads the Prometheus picked by the `datasource` variable, and every query is filtered by the
+`model` and `instance` variables (by instance alone for metrics without a model label), so the same
+dashboards work on any Grafana. A test keeps the committed JSON equal to this script's output.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# Service level objectives, shown as thresholds on the Overview tiles (the alert rules use the same).
+SLO_TTFT_P99_SECONDS = 2.0
+SLO_INTER_TOKEN_P99_SECONDS = 0.5
+SLO_OUTPUT_SPEED_P50 = 10  # tokens per second per request
+SLO_SUCCESS_RATIO = 0.99
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# Metrics that carry no `model` label; everything else is filtered by model too.
+WITHOUT_MODEL = ("vigil_gpu_", "vigil_host_", "vigil_http_requests_total", "vigil_request_errors_total", "process_")
+# The OpenAI API's traffic, without Prometheus scrapes and health probes.
+API_ROUTES = 'route!~"/metrics|/livez|/readyz|/health"'
+TOKENS_PER_SECOND = "suffix: tok/s"
+
+
+def series(metric: str, *matchers: str) -> str:
+    """``metric{...}`` filtered by the dashboard's variables, plus any extra matchers."""
+    scope = (
+        ['instance=~"$instance"'] if metric.startswith(WITHOUT_MODEL) else ['model=~"$model"', 'instance=~"$instance"']
+    )
+    return f"{metric}{{{', '.join([*scope, *matchers])}}}"
+
+
+def rate(metric: str, *matchers: str, window: str = "$__rate_interval") -> str:
+    return f"rate({series(metric, *matchers)}[{window}])"
+
+
+def quantile(q: float, histogram: str, by: str = "model", window: str = "$__rate_interval") -> str:
+    grouping = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, sum by ({grouping}) ({rate(histogram + '_bucket', window=window)}))"
+
+
+def target(expr: str, legend: str = "", exemplar: bool = False, instant: bool = False, heatmap: bool = False) -> dict:
+    found = {
+        "datasource": DATASOURCE,
+        "editorMode": "code",
+        "expr": expr,
+        "legendFormat": legend,
+        "range": not instant,
+        "instant": instant,
+        "exemplar": exemplar,
+    }
+    if heatmap:
+        found["format"] = "heatmap"
+    return found
+
+
+def quantile_targets(histogram: str, quantiles=(0.5, 0.95, 0.99), exemplar: bool = True) -> list[dict]:
+    """One line per quantile and model; exemplars link the points to the traces of single requests."""
+    return [target(quantile(q, histogram), f"p{round(q * 100)} {{{{model}}}}", exemplar=exemplar) for q in quantiles]
+
+
+def thresholds(*steps) -> dict:
+    """``thresholds("green", 1.5, "yellow", 2, "red")``: a base colour, then (value, colour) pairs."""
+    found = [{"color": steps[0], "value": None}]
+    found += [{"color": color, "value": value} for value, color in zip(steps[1::2], steps[2::2], strict=True)]
+    return {"mode": "absolute", "steps": found}
+
+
+def timeseries(
+    title,
+    description,
+    targets,
+    unit="short",
+    width=12,
+    min_value=None,
+    max_value=None,
+    limits=None,
+    stacked=False,
+    stepped=False,
+):
+    """A time series panel; ``limits`` (a thresholds dict) draws its steps as dashed lines."""
+    defaults = {
+        "unit": unit,
+        "custom": {
+            "drawStyle": "line",
+            "lineInterpolation": "stepAfter" if stepped else "linear",
+            "lineWidth": 1,
+            "fillOpacity": 30 if stacked else 10,
+            "showPoints": "never",
+            "spanNulls": False,
+            "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
+            "thresholdsStyle": {"mode": "dashed" if limits else "off"},
+        },
+        "thresholds": limits or thresholds("green"),
+        "color": {"mode": "palette-classic"},
+    }
+    if min_value is not None:
+        defaults["min"] = min_value
+    if max_value is not None:
+        defaults["max"] = max_value
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": targets,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "_size": (width, 8),
+    }
+
+
+def stat(title, description, expr, unit, limits, width=4, mappings=None, sparkline=False):
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": [target(expr, instant=not sparkline)],
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "decimals": 2,
+                "thresholds": limits,
+                "mappings": mappings or [],
+                "color": {"mode": "thresholds"},
+            },
+            "overrides": [],
+        },
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "background",
+            "graphMode": "area" if sparkline else "none",
+            "justifyMode": "auto",
+            "textMode": "value",
+            "orientation": "auto",
+        },
+        "_size": (width, 5),
+    }
+
+
+def heatmap(title, description, histogram, unit, width=12):
+    """How a histogram's observations spread over its buckets, interval by interval."""
+    expr = f"sum by (le) (increase({series(histogram + '_bucket')}[$__rate_interval]))"
+    return {
+        "type": "heatmap",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": [target(expr, "{{le}}", heatmap=True)],
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": {
+            "calculate": False,
+            "cellGap": 1,
+            "color": {
+                "mode": "scheme",
+                "scheme": "Oranges",
+                "scale": "exponential",
+                "exponent": 0.5,
+                "steps": 64,
+                "reverse": False,
+            },
+            "yAxis": {"axisPlacement": "left", "unit": unit, "reverse": False},
+            "rowsFrame": {"layout": "auto"},
+            "filterValues": {"le": 1e-9},
+            "tooltip": {"mode": "single", "yHistogram": True},
+            "legend": {"show": True},
+            "showValue": "never",
+        },
+        "_size": (width, 8),
+    }
+
+
+def row(title):
+    return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
+
+
+def layout(panels: list[dict]) -> list[dict]:
+    """Numbers the panels and places them left to right, starting a new line when one is full or at a row."""
+    x = y = line_height = 0
+    placed = []
+    for panel_id, panel in enumerate(panels, start=1):
+        width, height = panel.pop("_size")
+        if x + width > 24 or panel["type"] == "row":
+            x, y, line_height = 0, y + line_height, 0
+        placed.append({"id": panel_id, "gridPos": {"h": height, "w": width, "x": x, "y": y}, **panel})
+        x += width
+        line_height = max(line_height, height)
+    return placed
+
+
+def variables() -> dict:
+    def query_variable(name, label, query):
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": DATASOURCE,
+            "definition": query,
+            "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "refresh": 2,
+            "includeAll": True,
+            "multi": True,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "options": [],
+            "regex": "",
+            "sort": 1,
+            "hide": 0,
+        }
+
+    return {
+        "list": [
+            {
+                "name": "datasource",
+                "label": "Data source",
+                "type": "datasource",
+                "query": "prometheus",
+                "current": {},
+                "options": [],
+                "refresh": 1,
+                "regex": "",
+                "includeAll": False,
+                "multi": False,
+                "hide": 0,
+            },
+            query_variable("model", "Model", "label_values(vigil_engine_ready, model)"),
+            query_variable("instance", "Instance", 'label_values(vigil_engine_ready{model=~"$model"}, instance)'),
+        ]
+    }
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[dict]) -> dict:
+    return {
+        "id": None,
+        "uid": uid,
+        "title": f"Vigil / {title}",
+        "description": description,
+        "tags": ["vigil"],
+        "editable": False,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "browser",
+        "annotations": {"list": []},
+        "links": [
+            {
+                "title": "Vigil",
+                "type": "dashboards",
+                "tags": ["vigil"],
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+            }
+        ],
+        "templating": variables(),
+        "panels": layout(panels),
+    }
+
+
+def overview() -> dict:
+    api = series("vigil_http_requests_total", API_ROUTES)
+    api_5xx = series("vigil_http_requests_total", API_ROUTES, 'code=~"5.."')
+    return dashboard(
+        "vigil-overview",
+        "Overview",
+        "Golden signals and SLOs of the served models.",
+        [
+            row("Service level objectives, over the dashboard's time range"),
+            stat(
+                f"TTFT P99 (SLO ≤ {SLO_TTFT_P99_SECONDS:g} s)",
+                "99th percentile time to first token over the selected range. Red: the SLO is missed.",
+                quantile(0.99, "vigil_time_to_first_token_seconds", by="", window="$__range"),
+                "s",
+                thresholds("green", SLO_TTFT_P99_SECONDS * 0.75, "yellow", SLO_TTFT_P99_SECONDS, "red"),
+            ),
+            stat(
+                f"Output speed P50 (SLO ≥ {SLO_OUTPUT_SPEED_P50} tok/s)",
+                "Median per-request decode speed over the selected range: how fast a user sees text stream.",
+                quantile(0.5, "vigil_request_decode_speed_tokens_per_second", by="", window="$__range"),
+                TOKENS_PER_SECOND,
+                thresholds("red", SLO_OUTPUT_SPEED_P50, "yellow", SLO_OUTPUT_SPEED_P50 * 1.5, "green"),
+            ),
+            stat(
+                f"Success rate (SLO ≥ {SLO_SUCCESS_RATIO:.0%})",
+                "Share of API requests answered without a 5xx status over the selected range.",
+                f"1 - sum(rate({api_5xx}[$__range])) / sum(rate({api}[$__range]))",
+                "percentunit",
+                thresholds("red", 0.95, "yellow", SLO_SUCCESS_RATIO, "green"),
+            ),
+            stat(
+                "Requests per second",
+                "API requests per second, now.",
+                f"sum(rate({api}[$__rate_interval]))",
+                "reqps",
+                thresholds("blue"),
+                sparkline=True,
+            ),
+            stat(
+                "Generated tokens per second",
+                "Output tokens per second across the selected models, now.",
+                f"sum({rate('vigil_generation_tokens_total')})",
+                TOKENS_PER_SECOND,
+                thresholds("blue"),
+                sparkline=True,
+            ),
+            stat(
+                "Engine ready",
+                "Whether every selected model's engine accepts requests (/readyz).",
+                f"min({series('vigil_engine_ready')})",
+                "none",
+                thresholds("red", 1, "green"),
+                mappings=[{"type": "value", "options": {"0": {"text": "Not ready"}, "1": {"text": "Ready"}}}],
+            ),
+            row("Golden signals"),
+            timeseries(
+                "Traffic: requests per second by route",
+                "API requests per second, by route.",
+                [target(f"sum by (route) (rate({api}[$__rate_interval]))", "{{route}}")],
+                "reqps",
+            ),
+            timeseries(
+                "Errors: share of requests failing",
+                "5xx: server failures (the critical alert fires above 5%). Any error: also refusals "
+                "such as validation, rate limiting or a full queue (see Service / Errors by reason).",
+                [
+                    target(f"sum(rate({api_5xx}[$__rate_interval])) / sum(rate({api}[$__rate_interval]))", "5xx"),
+                    target(
+                        f"sum({rate('vigil_request_errors_total')}) / sum(rate({api}[$__rate_interval]))", "any error"
+                    ),
+                ],
+                "percentunit",
+                min_value=0,
+                limits=thresholds("green", 0.05, "red"),
+            ),
+            timeseries(
+                "Latency: end-to-end and time to first token",
+                "P50 and P99 of whole requests, and P99 time to first token against its SLO. "
+                "Exemplar points open the trace of one request.",
+                [
+                    target(quantile(0.5, "vigil_request_duration_seconds"), "e2e p50 {{model}}", exemplar=True),
+                    target(quantile(0.99, "vigil_request_duration_seconds"), "e2e p99 {{model}}", exemplar=True),
+                    target(quantile(0.99, "vigil_time_to_first_token_seconds"), "ttft p99 {{model}}", exemplar=True),
+                ],
+                "s",
+                limits=thresholds("green", SLO_TTFT_P99_SECONDS, "red"),
+            ),
+            timeseries(
+                "Throughput: tokens per second",
+                "Prompt tokens read and output tokens generated per second.",
+                [
+                    target(f"sum by (model) ({rate('vigil_prompt_tokens_total')})", "prompt {{model}}"),
+                    target(f"sum by (model) ({rate('vigil_generation_tokens_total')})", "generated {{model}}"),
+                ],
+                TOKENS_PER_SECOND,
+            ),
+            timeseries(
+                "Saturation: KV cache usage",
+                "Share of KV cache blocks in use. Near 100% the scheduler starts preempting requests.",
+                [
+                    target(
+                        f"max by (model, instance) ({series('vigil_kv_cache_usage_ratio')})", "{{model}} {{instance}}"
+                    )
+                ],
+                "percentunit",
+                min_value=0,
+                max_value=1,
+                limits=thresholds("green", 0.9, "orange", 0.95, "red"),
+            ),
+            timeseries(
+                "Saturation: requests running and waiting",
+                "Requests in the running batch and in the waiting queue. A queue that only grows means "
+                "demand is above capacity.",
+                [
+                    target(f"sum by (model) ({series('vigil_num_requests_running')})", "running {{model}}"),
+                    target(f"sum by (model) ({series('vigil_num_requests_waiting')})", "waiting {{model}}"),
+                ],
+            ),
+        ],
+    )
+
+
+def infrastructure() -> dict:
+    gpu = "{{instance}} GPU {{gpu}} ({{name}})"
+    return dashboard(
+        "vigil-infrastructure",
+        "Infrastructure",
+        "GPUs, host and the Vigil process.",
+        [
+            row("GPUs (NVML, read by Vigil)"),
+            stat(
+                "GPUs",
+                "GPUs Vigil sees, across the selected instances.",
+                f"sum({series('vigil_gpu_count')})",
+                "none",
+                thresholds("blue"),
+                width=4,
+            ),
+            timeseries(
+                "GPU temperature",
+                "Per GPU. Warning above 85 °C, critical above 90 °C.",
+                [target(series("vigil_gpu_temperature_celsius"), gpu)],
+                "celsius",
+                width=10,
+                limits=thresholds("green", 85, "orange", 90, "red"),
+            ),
+            timeseries(
+                "GPU utilisation",
+                "Share of time a kernel ran, per GPU. Warning above 85% for 15 minutes.",
+                [target(series("vigil_gpu_utilization_ratio"), gpu)],
+                "percentunit",
+                width=10,
+                min_value=0,
+                max_value=1,
+                limits=thresholds("green", 0.85, "orange"),
+            ),
+            timeseries(
+                "GPU memory used and total",
+                "Per GPU. High use is expected: the KV cache pool is allocated up front (see KV cache "
+                "memory), so nothing alerts on it.",
+                [
+                    target(series("vigil_gpu_memory_used_bytes"), "used " + gpu),
+                    target(series("vigil_gpu_memory_total_bytes"), "total " + gpu),
+                ],
+                "bytes",
+                min_value=0,
+            ),
+            timeseries(
+                "GPU power", "Power draw per GPU.", [target(series("vigil_gpu_power_watts"), gpu)], "watt", min_value=0
+            ),
+            timeseries(
+                "GPU throttled",
+                "1 while the GPU's clocks are held back by temperature or power.",
+                [target(series("vigil_gpu_throttled"), gpu)],
+                "none",
+                min_value=0,
+                max_value=1,
+                stepped=True,
+            ),
+            timeseries(
+                "KV cache memory",
+                "Memory reserved for the KV cache pool, per model.",
+                [target(series("vigil_kv_cache_memory_bytes"), "{{model}} {{instance}}")],
+                "bytes",
+                min_value=0,
+            ),
+            row("Host and process"),
+            timeseries(
+                "Host CPU utilisation",
+                "Share of all host CPUs busy.",
+                [target(series("vigil_host_cpu_utilization_ratio"), "{{instance}}")],
+                "percentunit",
+                width=8,
+                min_value=0,
+                max_value=1,
+            ),
+            timeseries(
+                "Host memory used and total",
+                "Host RAM.",
+                [
+                    target(series("vigil_host_memory_used_bytes"), "used {{instance}}"),
+                    target(series("vigil_host_memory_total_bytes"), "total {{instance}}"),
+                ],
+                "bytes",
+                width=8,
+                min_value=0,
+            ),
+            timeseries(
+                "Process RSS (resident memory)",
+                "Resident memory of the Vigil process.",
+                [target(series("process_resident_memory_bytes"), "{{instance}}")],
+                "bytes",
+                width=8,
+                min_value=0,
+            ),
+            timeseries(
+                "Process CPU (cores)",
+                "CPU time the Vigil process uses per second, in cores.",
+                [target(rate("process_cpu_seconds_total"), "{{instance}}")],
+                "short",
+                width=12,
+                min_value=0,
+            ),
+            timeseries(
+                "Process open file descriptors",
+                "Open file descriptors against the process limit.",
+                [
+                    target(series("process_open_fds"), "open {{instance}}"),
+                    target(series("process_max_fds"), "limit {{instance}}"),
+                ],
+                "short",
+                width=12,
+                min_value=0,
+            ),
+        ],
+    )
+
+
+def service() -> dict:
+    return dashboard(
+        "vigil-service",
+        "Service",
+        "Requests, latency, the scheduler and the KV cache.",
+        [
+            row("Traffic and errors"),
+            timeseries(
+                "Requests per second by code",
+                "API requests per second, by HTTP status.",
+                [target(f"sum by (code) ({rate('vigil_http_requests_total', API_ROUTES)})", "{{code}}")],
+                "reqps",
+                width=8,
+                stacked=True,
+            ),
+            timeseries(
+                "Errors by reason",
+                "Refused or failed requests per second, by reason.",
+                [target(f"sum by (reason) ({rate('vigil_request_errors_total')})", "{{reason}}")],
+                "reqps",
+                width=8,
+                stacked=True,
+            ),
+            timeseries(
+                "Engine ready",
+                "1 while the engine accepts requests.",
+                [target(series("vigil_engine_ready"), "{{model}} {{instance}}")],
+                "none",
+                width=8,
+                min_value=0,
+                max_value=1,
+                stepped=True,
+            ),
+            row("Latency (exemplar points open the request's trace)"),
+            timeseries(
+                "End-to-end latency P50 / P95 / P99",
+                "Whole requests, from arrival to the last token.",
+                quantile_targets("vigil_request_duration_seconds"),
+                "s",
+            ),
+            timeseries(
+                "Time to first token P50 / P95 / P99",
+                f"SLO: P99 ≤ {SLO_TTFT_P99_SECONDS:g} s.",
+                quantile_targets("vigil_time_to_first_token_seconds"),
+                "s",
+                limits=thresholds("green", SLO_TTFT_P99_SECONDS, "red"),
+            ),
+            timeseries(
+                "Inter-token latency P50 / P95 / P99",
+                f"SLO: P99 ≤ {SLO_INTER_TOKEN_P99_SECONDS:g} s.",
+                quantile_targets("vigil_inter_token_latency_seconds"),
+                "s",
+                limits=thresholds("green", SLO_INTER_TOKEN_P99_SECONDS, "red"),
+            ),
+            timeseries(
+                "Queue time P50 / P95 / P99",
+                "Time from arrival to admission into the running batch.",
+                quantile_targets("vigil_request_queue_time_seconds"),
+                "s",
+            ),
+            timeseries(
+                "Prefill and decode time P50 / P95",
+                "Time per request spent computing the prompt and generating the output.",
+                [
+                    target(
+                        quantile(q, f"vigil_request_{phase}_time_seconds"),
+                        f"{phase} p{round(q * 100)} {{{{model}}}}",
+                        exemplar=True,
+                    )
+                    for phase in ("prefill", "decode")
+                    for q in (0.5, 0.95)
+                ],
+                "s",
+            ),
+            timeseries(
+                "Engine step duration P50 / P99",
+                "One scheduler step: schedule, run the model, sample.",
+                quantile_targets("vigil_engine_step_duration_seconds", (0.5, 0.99), exemplar=False),
+                "s",
+            ),
+            row("Scheduler"),
+            timeseries(
+                "Requests running and waiting",
+                "The running batch and the waiting queue.",
+                [
+                    target(f"sum by (model) ({series('vigil_num_requests_running')})", "running {{model}}"),
+                    target(f"sum by (model) ({series('vigil_num_requests_waiting')})", "waiting {{model}}"),
+                ],
+                width=8,
+            ),
+            heatmap("Batch size distribution", "Requests per engine step.", "vigil_batch_size", "short", width=8),
+            heatmap(
+                "Tokens per step distribution",
+                "Tokens computed per engine step (prefill chunks and decodes).",
+                "vigil_batch_tokens",
+                "short",
+                width=8,
+            ),
+            row("KV cache"),
+            timeseries(
+                "KV cache usage",
+                "Share of KV blocks in use. Warning above 90% for 10 minutes.",
+                [target(series("vigil_kv_cache_usage_ratio"), "{{model}} {{instance}}")],
+                "percentunit",
+                width=6,
+                min_value=0,
+                max_value=1,
+                limits=thresholds("green", 0.9, "orange", 0.95, "red"),
+            ),
+            timeseries(
+                "KV cache blocks used and free",
+                "Blocks of the KV pool.",
+                [target(f"sum by (state) ({series('vigil_kv_cache_blocks')})", "{{state}}")],
+                "short",
+                width=6,
+                stacked=True,
+            ),
+            timeseries(
+                "Preemptions per minute",
+                "Requests evicted from the batch to free KV blocks; they recompute.",
+                [target(f"sum by (model) ({rate('vigil_preemptions_total')}) * 60", "{{model}}")],
+                "short",
+                width=6,
+                min_value=0,
+            ),
+            timeseries(
+                "Prefix cache hit rate",
+                "Share of prompt tokens found in the prefix cache.",
+                [
+                    target(
+                        f"sum by (model) ({rate('vigil_prefix_cache_hits_total')}) / "
+                        f"sum by (model) ({rate('vigil_prefix_cache_queries_total')})",
+                        "{{model}}",
+                    )
+                ],
+                "percentunit",
+                width=6,
+                min_value=0,
+                max_value=1,
+            ),
+        ],
+    )
+
+
+def model() -> dict:
+    return dashboard(
+        "vigil-model",
+        "Model",
+        "What the model is asked and what it answers.",
+        [
+            row("Throughput"),
+            timeseries(
+                "Tokens per second",
+                "Prompt tokens read and output tokens generated per second, and the "
+                "engine's own generation throughput.",
+                [
+                    target(f"sum by (model) ({rate('vigil_prompt_tokens_total')})", "prompt {{model}}"),
+                    target(f"sum by (model) ({rate('vigil_generation_tokens_total')})", "generated {{model}}"),
+                    target(
+                        f"sum by (model) ({series('vigil_generation_throughput_tokens_per_second')})",
+                        "engine throughput {{model}}",
+                    ),
+                ],
+                TOKENS_PER_SECOND,
+            ),
+            timeseries(
+                "Per-request output speed P10 / P50 / P90",
+                f"Decode tokens per second of single requests; P10 is the slow tail. "
+                f"SLO: P50 ≥ {SLO_OUTPUT_SPEED_P50} tok/s.",
+                quantile_targets("vigil_request_decode_speed_tokens_per_second", (0.1, 0.5, 0.9), exemplar=False),
+                TOKENS_PER_SECOND,
+                limits=thresholds("red", SLO_OUTPUT_SPEED_P50, "green"),
+            ),
+            row("Requests"),
+            heatmap("Prompt length distribution", "Prompt tokens per request.", "vigil_request_prompt_tokens", "short"),
+            heatmap(
+                "Output length distribution",
+                "Generated tokens per request.",
+                "vigil_request_generation_tokens",
+                "short",
+            ),
+            heatmap(
+                "Temperature distribution",
+                "Sampling temperature requested.",
+                "vigil_request_temperature",
+                "short",
+                width=8,
+            ),
+            heatmap("Top-p distribution", "Nucleus sampling top_p requested.", "vigil_request_top_p", "short", width=8),
+            heatmap(
+                "max_tokens distribution", "The output budget requested.", "vigil_request_max_tokens", "short", width=8
+            ),
+            row("Output quality"),
+            timeseries(
+                "Finish reasons",
+                "Finished requests per second by reason: stop, length, abort, ...",
+                [target(f"sum by (finish_reason) ({rate('vigil_request_finished_total')})", "{{finish_reason}}")],
+                "reqps",
+                width=8,
+                stacked=True,
+            ),
+            timeseries(
+                "Repetition ratio P95",
+                "Share of repeated n-grams in the output; near 1 means a loop.",
+                [target(quantile(0.95, "vigil_output_repetition_ratio"), "p95 {{model}}")],
+                "percentunit",
+                width=8,
+                min_value=0,
+                max_value=1,
+            ),
+            timeseries(
+                "Anomalies by kind",
+                "Outputs flagged per minute: repetition loops, empty outputs, outputs cut at max_tokens.",
+                [target(f"sum by (kind) ({rate('vigil_output_anomalies_total')}) * 60", "{{kind}}")],
+                "short",
+                width=8,
+                min_value=0,
+                stacked=True,
+            ),
+        ],
+    )
+
+
+def render() -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
+    dashboards = {"overview": overview(), "infrastructure": infrastructure(), "service": service(), "model": model()}
+    return {
+        f"{name}.json": json.dumps(board, indent=2, ensure_ascii=False) + "\n" for name, board in dashboards.items()
+    }
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name, text in render().items():
+        path = HERE / name
+        if "--check" in argv:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run python dashboards/build.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

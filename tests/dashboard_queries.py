@@ -1,0 +1,163 @@
+"""The PromQL that dashboards and alert rules run, for the static tests and the live end-to-end test.
+
+``dashboard_queries(model, instance)`` gives every dashboard query with Grafana's variables filled in,
+ready to send to a real Prometheus; ``alert_rules()`` gives every alert rule; ``metric_names(expr)``
+finds the metric names an expression reads, to compare with ``VIGIL_METRICS``.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD_DIR = ROOT / "dashboards"
+RULE_FILES = {"critical": ROOT / "alerts/rules/critical.yml", "warning": ROOT / "alerts/rules/warning.yml"}
+
+# Every metric Vigil exports, by type (the names are fixed by the telemetry issue).
+VIGIL_METRICS = {
+    # infrastructure
+    "vigil_gpu_temperature_celsius": "gauge",
+    "vigil_gpu_memory_used_bytes": "gauge",
+    "vigil_gpu_memory_total_bytes": "gauge",
+    "vigil_gpu_utilization_ratio": "gauge",
+    "vigil_gpu_power_watts": "gauge",
+    "vigil_gpu_throttled": "gauge",
+    "vigil_gpu_count": "gauge",
+    "vigil_host_cpu_utilization_ratio": "gauge",
+    "vigil_host_memory_used_bytes": "gauge",
+    "vigil_host_memory_total_bytes": "gauge",
+    "vigil_kv_cache_memory_bytes": "gauge",
+    # service
+    "vigil_http_requests_total": "counter",
+    "vigil_request_errors_total": "counter",
+    "vigil_request_duration_seconds": "histogram",
+    "vigil_time_to_first_token_seconds": "histogram",
+    "vigil_inter_token_latency_seconds": "histogram",
+    "vigil_request_queue_time_seconds": "histogram",
+    "vigil_request_prefill_time_seconds": "histogram",
+    "vigil_request_decode_time_seconds": "histogram",
+    "vigil_num_requests_running": "gauge",
+    "vigil_num_requests_waiting": "gauge",
+    "vigil_batch_size": "histogram",
+    "vigil_batch_tokens": "histogram",
+    "vigil_engine_step_duration_seconds": "histogram",
+    "vigil_kv_cache_usage_ratio": "gauge",
+    "vigil_kv_cache_blocks": "gauge",
+    "vigil_preemptions_total": "counter",
+    "vigil_prefix_cache_queries_total": "counter",
+    "vigil_prefix_cache_hits_total": "counter",
+    "vigil_engine_ready": "gauge",
+    # model
+    "vigil_prompt_tokens_total": "counter",
+    "vigil_generation_tokens_total": "counter",
+    "vigil_generation_throughput_tokens_per_second": "gauge",
+    "vigil_request_prompt_tokens": "histogram",
+    "vigil_request_generation_tokens": "histogram",
+    "vigil_request_decode_speed_tokens_per_second": "histogram",
+    "vigil_request_temperature": "histogram",
+    "vigil_request_top_p": "histogram",
+    "vigil_request_max_tokens": "histogram",
+    "vigil_request_finished_total": "counter",
+    "vigil_output_repetition_ratio": "histogram",
+    "vigil_output_anomalies_total": "counter",
+}
+# Metrics without a `model` label: dashboards filter them by instance only.
+UNLABELLED_BY_MODEL = {name for name in VIGIL_METRICS if name.startswith(("vigil_gpu_", "vigil_host_"))}
+UNLABELLED_BY_MODEL |= {"vigil_http_requests_total", "vigil_request_errors_total"}
+
+_HISTOGRAM_SERIES = {
+    f"{name}{suffix}": name
+    for name, kind in VIGIL_METRICS.items()
+    if kind == "histogram"
+    for suffix in ("_bucket", "_sum", "_count")
+}
+
+# PromQL's keywords and the functions used in this repository; any other word is taken for a metric name.
+_AGGREGATIONS = {"sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "group"}
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or", "unless"}
+_FUNCTIONS = {"rate", "irate", "increase", "delta", "idelta", "deriv", "changes", "resets", "histogram_quantile"}
+_FUNCTIONS |= {"avg_over_time", "max_over_time", "min_over_time", "sum_over_time", "count_over_time", "absent"}
+_FUNCTIONS |= {"abs", "clamp_min", "clamp_max", "vector", "scalar", "time", "timestamp", "label_replace", "round"}
+_PROMQL_WORDS = _AGGREGATIONS | _KEYWORDS | _FUNCTIONS | {"inf", "nan"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names that a PromQL expression reads (a simple lexer, enough for our expressions)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # range and subquery selectors
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)  # label lists
+    text = re.sub(r"\b\d+(\.\d+)?(e[+-]?\d+)?\b", " ", text)  # numbers
+    words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text))
+    return {word for word in words if word.lower() not in _PROMQL_WORDS}
+
+
+def is_known_metric(name: str) -> bool:
+    """Exported by Vigil (a histogram's _bucket/_sum/_count too), Prometheus's `up`, or a process_* metric."""
+    return name in VIGIL_METRICS or name in _HISTOGRAM_SERIES or name == "up" or name.startswith("process_")
+
+
+def exported_name(name: str) -> str:
+    """The metric family a series name belongs to (a histogram's _bucket gives the histogram)."""
+    return _HISTOGRAM_SERIES.get(name, name)
+
+
+def load_dashboards() -> dict[str, dict]:
+    """The committed dashboards, by file name."""
+    return {path.name: json.loads(path.read_text()) for path in sorted(DASHBOARD_DIR.glob("*.json"))}
+
+
+def panels(dashboard: dict) -> list[dict]:
+    """Every panel of a dashboard, including those nested in collapsed rows, rows excluded."""
+    found = []
+    for panel in dashboard.get("panels", []):
+        if panel.get("type") == "row":
+            found.extend(panel.get("panels", []))
+        else:
+            found.append(panel)
+    return found
+
+
+def substitute(expr: str, model: str, instance: str, datasource: str = "vigil-prometheus") -> str:
+    """``expr`` with Grafana's variables replaced the way Grafana would for one model and one instance.
+
+    The model and instance values go in verbatim: they sit inside ``=~"..."`` matchers, so pass a regex
+    (``.*`` for all) or a plain name (a dot in a name matches itself too).
+    """
+    values = {
+        "model": model,
+        "instance": instance,
+        "datasource": datasource,
+        "__rate_interval": "1m",
+        "__interval": "15s",
+        "__range": "1h",
+    }
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in values:
+            raise KeyError(f"unknown Grafana variable ${name} in {expr!r}")
+        return values[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, expr)
+
+
+def dashboard_queries(model: str, instance: str) -> list[tuple[str, str, str]]:
+    """(dashboard title, panel title, PromQL with variables substituted) for every query on every dashboard."""
+    queries = []
+    for dashboard in load_dashboards().values():
+        for panel in panels(dashboard):
+            for target in panel.get("targets", []):
+                queries.append((dashboard["title"], panel["title"], substitute(target["expr"], model, instance)))
+    return queries
+
+
+def alert_rules() -> list[tuple[str, dict]]:
+    """(severity file name, rule) for every alerting rule in alerts/rules/."""
+    rules = []
+    for severity, path in RULE_FILES.items():
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            rules.extend((severity, rule) for rule in group["rules"])
+    return rules
