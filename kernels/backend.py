@@ -1,4 +1,12 @@
-"""The one dispatch point between the Triton kernels and their torch twins."""
+"""The one dispatch point between the attention implementations.
+
+- ``triton``: the Triton kernels; the default for CUDA tensors.
+- ``cpu``: the compiled C++ decode kernel, with the torch versions for prefill and the KV store; the default
+  elsewhere, falling back to ``torch`` where no C++ compiler is available.
+- ``torch``: ``kernels.reference`` alone, the oracle.
+
+``VIGIL_ATTENTION_BACKEND=torch|triton|cpu`` overrides the choice.
+"""
 
 import os
 from collections.abc import Callable
@@ -7,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 BACKEND_ENV = "VIGIL_ATTENTION_BACKEND"
+BACKENDS = ("torch", "triton", "cpu")
 
 
 @dataclass(frozen=True)
@@ -18,20 +27,31 @@ class AttentionOps:
 
 
 def backend_name(device: torch.device) -> str:
-    """``triton`` for CUDA devices, ``torch`` elsewhere, unless VIGIL_ATTENTION_BACKEND says otherwise."""
     chosen = os.environ.get(BACKEND_ENV, "").strip().lower()
-    if chosen and chosen not in ("torch", "triton"):
-        raise ValueError(f"{BACKEND_ENV} must be 'torch' or 'triton', not {chosen!r}")
-    return chosen or ("triton" if device.type == "cuda" else "torch")
+    if chosen and chosen not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(BACKENDS)}, not {chosen!r}")
+    return chosen or ("triton" if device.type == "cuda" else "cpu")
 
 
 def select_attention_ops(device: torch.device) -> AttentionOps:
-    if backend_name(device) == "torch":
-        from kernels import reference
+    name = backend_name(device)
+    if name == "triton":
+        return _triton_ops(device)
+    from kernels import reference
 
+    compiled = None
+    if name == "cpu":
+        from kernels import cpu
+
+        compiled = cpu.load()
+    if compiled is None:
         return AttentionOps(
             "torch", reference.paged_decode_attention, reference.paged_prefill_attention, reference.store_kv
         )
+    return AttentionOps("cpu", compiled.paged_decode_attention, reference.paged_prefill_attention, reference.store_kv)
+
+
+def _triton_ops(device: torch.device) -> AttentionOps:
     if device.type != "cuda":
         # Off the GPU, Triton runs only in its interpreter, which must be on before any kernel is defined.
         os.environ.setdefault("TRITON_INTERPRET", "1")
