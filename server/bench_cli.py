@@ -1,4 +1,5 @@
-"""``python -m server bench offline``: throughput of the engine beside Hugging Face transformers."""
+"""``python -m server bench offline|http``: the engine beside Hugging Face transformers, or beside itself
+served over HTTP."""
 
 import argparse
 
@@ -19,9 +20,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     offline.add_argument("--skip-hf", action="store_true", help="time the engine alone")
     add_engine_args(offline)
     offline.set_defaults(func=run_offline)
+    http = modes.add_parser("http", help="the offline engine vs the same workload over HTTP to streaming clients")
+    http.add_argument("--num-prompts", type=int, default=64, help="also the number of concurrent clients")
+    http.add_argument("--input-len", type=int, default=128)
+    http.add_argument("--output-len", type=int, default=128)
+    http.add_argument("--seed", type=int, default=0)
+    http.add_argument("--rounds", type=int, default=1,
+                      help="alternate offline and HTTP this many times, on fresh prompts each round")
+    add_engine_args(http)
+    http.set_defaults(func=run_http)
 
 
 def run_offline(args: argparse.Namespace) -> int:
     from server.bench.offline import run
+
+    return run(args)
+
+
+def run_http(args: argparse.Namespace) -> int:
+    from server.bench.serve_http import run
 
     return run(args)

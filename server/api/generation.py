@@ -1,0 +1,185 @@
+"""What completions and chat share: fan a request out into engine requests, admit it, then collect or
+stream its choices, aborting everything left if the client goes away."""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from starlette.types import Receive
+
+from server.api.errors import APIError, engine_failed, invalid_request, unavailable
+from server.api.protocol import MAX_CHOICES, Usage
+from server.api.security import TokenReservation
+from server.api.state import ServerState
+from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError, OutputStream
+from server.engine.request import CompletionOutput, QueueFullError, Request, SamplingParams
+from telemetry.service import Telemetry
+
+QUEUE_FULL_RETRY_AFTER_S = 1.0
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.config.served_model_name:
+        raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+
+
+def reject_unsupported(field: str | None) -> None:
+    if field is not None:
+        raise invalid_request(f"{field} is not supported by this server", param=field, code="unsupported")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One HTTP request as engine requests: each prompt times ``n`` choices; choice ``p * n + j``."""
+
+    id: str
+    requests: list[Request]
+    num_prompt_tokens: int  # each prompt counted once, however many choices it has
+    choice_of: dict[str, int]
+
+    @property
+    def token_budget(self) -> int:
+        """The most tokens this request can cost: what the tokens-per-minute limit reserves."""
+        return self.num_prompt_tokens + sum(r.max_tokens for r in self.requests)
+
+
+def fan_out(
+    engine: AsyncEngine,
+    generation_id: str,
+    prompts: Sequence[str | list[int]],
+    params: SamplingParams,
+    n: int,
+    encode: Callable[[str], list[int]],
+) -> Generation:
+    """Tokenize and validate (raises InvalidRequestError). Blocking: run it off the event loop."""
+    if not prompts:
+        raise invalid_request("the prompt is empty", param="prompt")
+    if len(prompts) * n > MAX_CHOICES:
+        raise invalid_request(f"prompts times n must be at most {MAX_CHOICES}", param="n")
+    requests: list[Request] = []
+    num_prompt_tokens = 0
+    for prompt_index, prompt in enumerate(prompts):
+        token_ids = encode(prompt) if isinstance(prompt, str) else prompt
+        for choice in range(n):
+            seeded = params if params.seed is None else replace(params, seed=params.seed + choice)
+            request_id = f"{generation_id}-{prompt_index * n + choice}"
+            requests.append(engine.make_request(request_id, token_ids, seeded))
+        num_prompt_tokens += len(token_ids)
+    choice_of = {request.request_id: index for index, request in enumerate(requests)}
+    return Generation(generation_id, requests, num_prompt_tokens, choice_of)
+
+
+class GenerationRun:
+    """An admitted generation: its output stream, its token reservation, and the usage so far."""
+
+    def __init__(
+        self,
+        generation: Generation,
+        stream: OutputStream,
+        reservation: TokenReservation,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.generation = generation
+        self._stream = stream
+        self._reservation = reservation
+        self._telemetry = telemetry
+        self._completion_tokens = [0] * len(generation.requests)
+        self._unfinished = len(generation.requests)
+        self._failed = False
+        self._closed = False
+
+    async def outputs(self) -> AsyncIterator[tuple[int, CompletionOutput]]:
+        """(choice index, output) as the engine produces them; engine failures become APIError."""
+        try:
+            async for output in self._stream:
+                index = self.generation.choice_of[output.request_id]
+                completion = output.outputs[0]
+                self._completion_tokens[index] = len(completion.token_ids)
+                self._unfinished -= completion.finish_reason is not None
+                yield index, completion
+        except EngineStoppedError:
+            self._failed = True
+            raise unavailable("the server shut down before this request finished", "draining") from None
+        except EngineDeadError:
+            self._failed = True
+            raise engine_failed() from None
+
+    async def finals(self) -> list[CompletionOutput]:
+        finals: dict[int, CompletionOutput] = {}
+        async for index, output in self.outputs():
+            if output.finish_reason is not None:
+                finals[index] = output
+        return [finals[index] for index in sorted(finals)]
+
+    async def finals_unless_disconnected(self, receive: Receive) -> list[CompletionOutput] | None:
+        """Every choice's final output; None if the client disconnects first (the caller then closes)."""
+        work = asyncio.ensure_future(self.finals())
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+        if not work.done() or work.cancelled():
+            return None
+        return work.result()
+
+    def usage(self) -> Usage:
+        completion = sum(self._completion_tokens)
+        prompt = self.generation.num_prompt_tokens
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def close(self) -> None:
+        """Abort what is unfinished and refund the unused token reservation. Safe to call twice.
+
+        Choices still unfinished here, with the engine healthy, mean the client went away.
+        """
+        if not self._closed and self._unfinished and not self._failed and self._telemetry is not None:
+            self._telemetry.record_error("client_disconnect")
+        self._closed = True
+        self._stream.close()
+        self._reservation.settle(self.generation.num_prompt_tokens + sum(self._completion_tokens))
+
+
+async def admit(
+    state: ServerState, caller: str, generation: Generation, operation: str, headers: Mapping[str, str]
+) -> GenerationRun:
+    """Reserve tokens and hand the requests to the engine. ``operation`` (``text_completion`` or ``chat``)
+    and the request headers (for ``traceparent``) name the request's trace span."""
+    reservation = state.limiter.reserve_tokens(caller, generation.token_budget)
+    tracer = state.telemetry.tracer if state.telemetry is not None else None
+    request_ids = [r.request_id for r in generation.requests]
+    if tracer is not None:
+        first = generation.requests[0]
+        tracer.start(request_ids, operation, state.config.served_model_name, first.sampling_params,
+                     first.max_tokens, headers)
+    try:
+        stream = await state.engine.add(generation.requests)
+    except BaseException as error:
+        if tracer is not None:
+            tracer.discard(request_ids, type(error).__name__)
+        reservation.settle(0)
+        raise _admission_error(error) from None
+    return GenerationRun(generation, stream, reservation, state.telemetry)
+
+
+def _admission_error(error: BaseException) -> BaseException:
+    if isinstance(error, QueueFullError):
+        return APIError(429, "the server's queue is full; retry later", code="queue_full",
+                        retry_after=QUEUE_FULL_RETRY_AFTER_S)
+    if isinstance(error, EngineStoppedError):
+        return unavailable("the server is shutting down", "draining")
+    if isinstance(error, EngineDeadError):
+        return unavailable("the engine has failed; this server needs a restart", "engine_dead")
+    return error
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,28 @@
+"""GET /v1/models: the one model this server serves."""
+
+from fastapi import APIRouter, Depends
+
+from server.api.auth import require_api_key
+from server.api.errors import APIError
+from server.api.protocol import ModelCard, ModelList
+from server.api.responses import ERROR_RESPONSES
+from server.api.state import ServerState, State
+
+router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+def _card(state: ServerState) -> ModelCard:
+    return ModelCard(id=state.config.served_model_name, created=state.started_at,
+                     max_model_len=state.engine.max_model_len)
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(state: State) -> ModelList:
+    return ModelList(data=[_card(state)])
+
+
+@router.get("/v1/models/{model:path}", response_model=ModelCard)
+async def get_model(model: str, state: State) -> ModelCard:
+    if model != state.config.served_model_name:
+        raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+    return _card(state)

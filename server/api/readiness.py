@@ -1,0 +1,79 @@
+"""Is the engine alive, and is it really serving? Liveness reads the loop's health; readiness also proves an
+idle engine with a one-token canary request, at most once per interval."""
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+from server.engine.async_engine import AsyncEngine, EngineDeadError
+from server.engine.request import QueueFullError, SamplingParams
+
+# A step running longer than this means the loop is stuck. CPU steps take well under a second.
+STALLED_STEP_S = 60.0
+CANARY_INTERVAL_S = 10.0
+CANARY_TIMEOUT_S = 30.0
+
+
+class ReadinessProbe:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        interval: float = CANARY_INTERVAL_S,
+        timeout: float = CANARY_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engine = engine
+        self._interval = interval
+        self._timeout = timeout
+        self._clock = clock
+        self._proven_at = -math.inf
+        self._canary: asyncio.Task[str | None] | None = None
+
+    def liveness_problem(self) -> str | None:
+        """None when the loop thread runs and is not stuck in a step; else a short code saying why."""
+        health = self._engine.health()
+        if not health.alive:
+            return "engine_dead"
+        if health.step_started_at is not None and self._clock() - health.step_started_at > STALLED_STEP_S:
+            return "engine_stalled"
+        return None
+
+    async def readiness_problem(self) -> str | None:
+        problem = self.liveness_problem()
+        if problem is not None:
+            return problem
+        health = self._engine.health()
+        if health.num_unfinished > 0:
+            return None  # busy and stepping: the requests in flight are the proof
+        last_proof = max(self._proven_at, health.last_step_at or -math.inf)
+        if self._clock() - last_proof < self._interval:
+            return None
+        if self._canary is None or self._canary.done():
+            self._canary = asyncio.create_task(self._run_canary())
+        # Shielded: a probe that gives up must not cancel the canary that other probes share.
+        return await asyncio.shield(self._canary)
+
+    async def _run_canary(self) -> str | None:
+        tokenizer = self._engine.tokenizer
+        token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 0
+        request = self._engine.make_request(
+            self._engine.next_request_id("canary"), [token], SamplingParams(temperature=0.0, max_tokens=1)
+        )
+        try:
+            async with asyncio.timeout(self._timeout):
+                stream = await self._engine.add([request])
+                try:
+                    outputs = [output async for output in stream]
+                finally:
+                    stream.close()
+        except TimeoutError:
+            return "canary_timeout"
+        except QueueFullError:
+            return None  # the queue filled up since we looked: the engine is busy, not broken
+        except EngineDeadError:
+            return "engine_dead"
+        if not outputs or not outputs[-1].outputs[0].token_ids:
+            return "canary_failed"
+        self._proven_at = self._clock()
+        return None

@@ -1,0 +1,38 @@
+"""What every route needs, built once by the app factory and kept on ``app.state``."""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from server.api.lifecycle import Lifecycle
+from server.api.readiness import ReadinessProbe
+from server.api.security import APIKeys, RateLimiter
+from server.config import ServerConfig
+from server.engine.async_engine import AsyncEngine
+from telemetry.service import Telemetry
+
+# The Accept header in; the body and its content type out (telemetry supplies one over its own registry).
+MetricsExposition = Callable[[str | None], tuple[bytes, str]]
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    config: ServerConfig
+    lifecycle: Lifecycle
+    api_keys: APIKeys
+    limiter: RateLimiter
+    readiness: ReadinessProbe
+    metrics_exposition: MetricsExposition
+    telemetry: "Telemetry | None" = None
+    started_at: int = field(default_factory=lambda: int(time.time()))
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.vigil
+
+
+State = Annotated[ServerState, Depends(get_state)]

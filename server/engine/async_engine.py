@@ -1,0 +1,303 @@
+"""The engine on its own thread: requests go in through a queue, outputs come back to asyncio streams.
+
+``LLMEngine`` is not thread-safe, so one background thread owns it: only that thread calls
+``add_request``, ``abort_request`` and ``step``. Callers on the event loop submit commands through a
+thread-safe queue that the thread drains between steps, and blocks on when there is nothing to run.
+Each step's outputs go back to the event loop in one ``call_soon_threadsafe`` call.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from server.engine.engine import LLMEngine
+from server.engine.request import Request, RequestOutput, SamplingParams
+from server.models.tokenizer import Tokenizer
+
+logger = logging.getLogger("vigil.engine")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has failed or stopped; no request can run any more."""
+
+
+class EngineStoppedError(EngineDeadError):
+    """The engine loop was stopped on purpose (shutdown) while requests were still running."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a step that a test asked to fail."""
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """A snapshot of the loop. Times are ``time.monotonic()`` values."""
+
+    alive: bool
+    error: str | None
+    last_step_at: float | None
+    step_started_at: float | None
+    num_unfinished: int
+    num_free_blocks: int
+    num_blocks: int
+
+
+class OutputStream:
+    """The outputs of a group of engine requests (one HTTP request's choices), in arrival order.
+
+    Iteration ends when every request of the group has finished. ``close()`` aborts those that have not.
+    """
+
+    def __init__(self, engine: "AsyncEngine", request_ids: list[str]) -> None:
+        self._engine = engine
+        self._unfinished = set(request_ids)
+        self._items: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def __aiter__(self) -> "OutputStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self._unfinished:
+            raise StopAsyncIteration
+        item = await self._items.get()
+        if isinstance(item, BaseException):
+            self._unfinished.clear()
+            raise item
+        if item.finished:
+            self._unfinished.discard(item.request_id)
+        return item
+
+    def close(self) -> None:
+        if self._unfinished:
+            self._engine.abort(sorted(self._unfinished))
+            self._unfinished.clear()
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._items.put_nowait(item)
+
+
+@dataclass
+class _Add:
+    requests: list[Request]
+    stream: OutputStream
+    accepted: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+class _InjectFault:
+    pass
+
+
+class _Stop:
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self._engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, OutputStream] = {}  # owned by the loop thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+        self._fault_next_step = False
+        self._stopped = False
+        self._last_step_at: float | None = None
+        self._step_started_at: float | None = None
+        self._ids = itertools.count()
+
+    # --- read-only facts about the model, safe from any thread -------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._engine.max_model_len
+
+    def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> Request:
+        """Validate and tokenize (raises InvalidRequestError). Thread-safe: call it off the event loop."""
+        return self._engine.make_request(request_id, prompt, params)
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="vigil-engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the loop to abort what is still running, end every stream with EngineStoppedError, and exit."""
+        if self._thread is None or self._stopped:
+            return
+        self._stopped = True
+        self._commands.put(_Stop())
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- the event loop's side -----------------------------------------------------------------------------
+
+    async def add(self, requests: list[Request]) -> OutputStream:
+        """Queue all of ``requests`` or none; raises QueueFullError or EngineDeadError."""
+        if self._stopped:
+            raise EngineStoppedError("the server is shutting down")
+        if self._error is not None or self._loop is None:
+            raise EngineDeadError("engine error" if self._error else "the engine loop is not running")
+        stream = OutputStream(self, [r.request_id for r in requests])
+        accepted = self._loop.create_future()
+        self._commands.put(_Add(requests, stream, accepted))
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort([r.request_id for r in requests])
+            raise
+        return stream
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._commands.put(_Abort(request_ids))
+
+    def inject_fault(self) -> None:
+        """Test-only: make the next step raise, as a real engine failure would."""
+        self._commands.put(_InjectFault())
+
+    def next_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    def health(self) -> EngineHealth:
+        block_manager = self._engine.scheduler.block_manager
+        alive = self._thread is not None and self._thread.is_alive() and self._error is None
+        return EngineHealth(
+            alive=alive,
+            error=self._error,
+            last_step_at=self._last_step_at,
+            step_started_at=self._step_started_at,
+            num_unfinished=len(self._streams),
+            num_free_blocks=block_manager.num_free_blocks,
+            num_blocks=block_manager.num_blocks,
+        )
+
+    # --- the loop thread -------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._serve_commands()
+                return
+            except Exception as error:  # a bug outside step(): fail as loudly, and keep answering commands
+                self._die(error)
+
+    def _serve_commands(self) -> None:
+        """Returns on _Stop."""
+        while True:
+            busy = self._error is None and self._engine.has_unfinished_requests()
+            command = self._next_command(block=not busy)
+            while command is not None:
+                if isinstance(command, _Stop):
+                    self._fail_all(EngineStoppedError("the server is shutting down"))
+                    return
+                self._handle(command)
+                command = self._next_command(block=False)
+            if self._error is None and self._engine.has_unfinished_requests():
+                self._step()
+
+    def _next_command(self, block: bool) -> object | None:
+        try:
+            return self._commands.get(block=block)
+        except queue.Empty:
+            return None
+
+    def _handle(self, command: object) -> None:
+        if isinstance(command, _Add):
+            self._add(command)
+        elif isinstance(command, _Abort):
+            for request_id in command.request_ids:
+                if self._streams.pop(request_id, None) is not None:
+                    self._engine.abort_request(request_id)
+        elif isinstance(command, _InjectFault):
+            self._fault_next_step = True
+
+    def _add(self, command: _Add) -> None:
+        if self._error is not None:
+            self._call_soon(_settle, command.accepted, EngineDeadError("engine error"))
+            return
+        added: list[str] = []
+        try:
+            for request in command.requests:
+                self._engine.add_request(request)
+                added.append(request.request_id)
+        except Exception as error:  # QueueFullError, or anything else: the group goes in whole or not at all
+            for request_id in added:
+                self._engine.abort_request(request_id)
+            self._call_soon(_settle, command.accepted, error)
+            return
+        for request_id in added:
+            self._streams[request_id] = command.stream
+        self._call_soon(_settle, command.accepted, None)
+
+    def _step(self) -> None:
+        self._step_started_at = time.monotonic()
+        try:
+            if self._fault_next_step:
+                raise InjectedFault("fault injected by a test hook")
+            outputs = self._engine.step()
+        except Exception as error:
+            self._die(error)
+            return
+        finally:
+            self._step_started_at = None
+        self._last_step_at = time.monotonic()
+        deliveries = []
+        for output in outputs:
+            stream = self._streams.pop(output.request_id, None) if output.finished else self._streams.get(
+                output.request_id
+            )
+            if stream is not None:
+                deliveries.append((stream, output))
+        if deliveries:
+            self._call_soon(_deliver, deliveries)
+
+    def _die(self, error: Exception) -> None:
+        logger.error("the engine loop failed; the engine is now dead", exc_info=error)
+        self._error = f"{type(error).__name__}: {error}"
+        self._fail_all(EngineDeadError("engine error"))
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        streams = set(self._streams.values())
+        self._streams.clear()
+        if self._error is None:
+            for request_id in list(self._engine.requests):
+                self._engine.abort_request(request_id)
+        if streams:
+            self._call_soon(_deliver, [(stream, error) for stream in streams])
+
+    def _call_soon(self, callback: Callable, *args: object) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is left to tell
+            self._loop.call_soon_threadsafe(callback, *args)
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _deliver(deliveries: list[tuple[OutputStream, RequestOutput | BaseException]]) -> None:
+    for stream, item in deliveries:
+        stream._put(item)

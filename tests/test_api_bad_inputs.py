@@ -1,0 +1,217 @@
+"""Bad input gets a 4xx in OpenAI's error shape, never a 500; afterwards the server is healthy and every KV
+block is free. Many of these cases crashed vLLM, SGLang or TGI at some point."""
+
+import json
+
+import httpx
+import pytest
+
+from tests.api_server import shared_server
+
+MODEL = "smollm"
+VOCAB_SIZE = 49152
+MAX_MODEL_LEN = 1024  # tests.api_server.FAST_ENGINE_ARGS
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+OK_MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server(smollm_folder):
+    return shared_server(smollm_folder)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        yield client
+
+
+def completion(**fields):
+    return {"model": MODEL, "prompt": "Hello", "max_tokens": 2, **fields}
+
+
+def chat(**fields):
+    return {"model": MODEL, "messages": OK_MESSAGES, "max_tokens": 2, **fields}
+
+
+def post_json(http: httpx.Client, path: str, body: object) -> httpx.Response:
+    """Like ``json=``, but ASCII-escaped, so that a lone surrogate can be sent as ``\\ud800``."""
+    return http.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["x-request-id"]
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+BAD_COMPLETIONS = {
+    "empty prompt": (completion(prompt=""), "prompt"),
+    "empty prompt list": (completion(prompt=[]), "prompt"),
+    "empty token list in a batch": (completion(prompt=[[]]), "prompt"),
+    "negative token id": (completion(prompt=[1, -1]), "prompt"),
+    "token id == vocab size": (completion(prompt=[VOCAB_SIZE]), "prompt"),
+    "huge token id": (completion(prompt=[2**70]), "prompt"),
+    "too many stop strings": (completion(stop=[f"s{i}" for i in range(17)]), "stop"),
+    "empty stop string": (completion(stop=[""]), "stop"),
+    "overlong stop string": (completion(stop=["x" * 300]), "stop"),
+    "stop token id negative": (completion(stop_token_ids=[-1]), "stop_token_ids"),
+    "stop token id == vocab size": (completion(stop_token_ids=[VOCAB_SIZE]), "stop_token_ids"),
+    "too many stop token ids": (completion(stop_token_ids=list(range(65))), "stop_token_ids"),
+    "max_tokens 0": (completion(max_tokens=0), "max_tokens"),
+    "max_tokens negative": (completion(max_tokens=-5), "max_tokens"),
+    "max_tokens beyond the context": (completion(max_tokens=MAX_MODEL_LEN + 1), "max_tokens"),
+    "max_tokens astronomically large": (completion(max_tokens=10**30), "max_tokens"),
+    "prompt + max_tokens over max-model-len": (completion(prompt=[100] * 1000, max_tokens=100), "max_tokens"),
+    "prompt alone over max-model-len": (completion(prompt=[100] * (MAX_MODEL_LEN + 5)), "prompt"),
+    "temperature below 0": (completion(temperature=-0.5), "temperature"),
+    "top_p 0": (completion(top_p=0.0), "top_p"),
+    "top_p above 1": (completion(top_p=1.5), "top_p"),
+    "huge n": (completion(n=10**6), "n"),
+    "n 0": (completion(n=0), "n"),
+    "too many choices in all": (completion(prompt=["a"] * 40, n=2), "n"),
+    "top_k below -1": (completion(top_k=-2), "top_k"),
+    "presence_penalty out of range": (completion(presence_penalty=3.0), "presence_penalty"),
+    "frequency_penalty out of range": (completion(frequency_penalty=-3.0), "frequency_penalty"),
+    "repetition_penalty 0": (completion(repetition_penalty=0.0), "repetition_penalty"),
+    "repetition_penalty that would overflow the logits": (completion(repetition_penalty=1e-300), "repetition_penalty"),
+    "seed beyond int64": (completion(seed=2**64), "seed"),
+    "echo is not supported": (completion(echo=True), "echo"),
+    "logprobs are not supported": (completion(logprobs=1), "logprobs"),
+    "too many prompts": (completion(prompt=["a"] * 65), "prompt"),
+}
+
+WRONG_TYPES = {
+    "model": 5, "prompt": {"text": "hi"}, "max_tokens": "5", "temperature": "hot", "top_p": [1],
+    "top_k": 1.5, "n": True, "stop": 5, "stop_token_ids": ["a"], "seed": "1", "presence_penalty": {},
+    "frequency_penalty": "0", "repetition_penalty": [], "ignore_eos": "yes", "user": 5, "stream": "true",
+    "stream_options": "usage", "echo": 1, "logprobs": "x", "suffix": 3, "best_of": "2",
+}
+
+BAD_CHATS = {
+    "empty message list": (chat(messages=[]), "messages"),
+    "messages not a list": (chat(messages="hi"), "messages"),
+    "message not an object": (chat(messages=[5]), "messages"),
+    "unknown role": (chat(messages=[{"role": "wizard", "content": "x"}]), "messages"),
+    "missing role": (chat(messages=[{"content": "x"}]), "messages"),
+    "content of the wrong type": (chat(messages=[{"role": "user", "content": 5}]), "messages"),
+    "non-text content part": (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages"),
+    "lone surrogate in content": (chat(messages=[{"role": "user", "content": "a\ud800b"}]), "messages"),
+    "max_completion_tokens of the wrong type": (chat(max_completion_tokens="x"), "max_completion_tokens"),
+    "max_completion_tokens 0": (chat(max_completion_tokens=0), "max_completion_tokens"),
+    "tools are not supported": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    "json response_format is not supported": (chat(response_format={"type": "json_object"}), "response_format"),
+    "temperature below 0": (chat(temperature=-1), "temperature"),
+}
+
+
+@pytest.mark.parametrize("body, param", BAD_COMPLETIONS.values(), ids=BAD_COMPLETIONS.keys())
+def test_bad_completion_fields_are_400(http, body, param):
+    assert_openai_error(post_json(http, COMPLETIONS, body), 400, param)
+
+
+@pytest.mark.parametrize("field, value", WRONG_TYPES.items(), ids=WRONG_TYPES.keys())
+def test_a_wrong_type_in_any_field_is_400_not_422(http, field, value):
+    assert_openai_error(http.post(COMPLETIONS, json=completion(**{field: value})), 400, field)
+
+
+@pytest.mark.parametrize("body, param", BAD_CHATS.values(), ids=BAD_CHATS.keys())
+def test_bad_chat_requests_are_400(http, body, param):
+    assert_openai_error(post_json(http, CHAT, body), 400, param)
+
+
+RAW_BODIES = {
+    "malformed JSON": b'{"prompt": "Hello", "max_tokens": ',
+    "JSON array body": b"[1, 2]",
+    "JSON string body": b'"Hello"',
+    "JSON number body": b"5",
+    "JSON null body": b"null",
+    "empty body": b"",
+    "invalid UTF-8": b'{"model": "smollm", "prompt": "\xff\xfe\xfd", "max_tokens": 2}',
+    "lone surrogate escape": b'{"model": "smollm", "prompt": "\\ud800", "max_tokens": 2}',
+    "lone surrogate in stop": b'{"model": "smollm", "prompt": "a", "stop": ["\\udfff"], "max_tokens": 2}',
+    "lone surrogate in model": b'{"model": "\\ud800", "prompt": "a", "max_tokens": 2}',
+    "lone surrogate in user": b'{"model": "smollm", "prompt": "a", "user": "\\ud800", "max_tokens": 2}',
+    "NaN temperature": b'{"model": "smollm", "prompt": "a", "temperature": NaN}',
+    "infinite top_p": b'{"model": "smollm", "prompt": "a", "top_p": Infinity}',
+    "overflowing float literal": b'{"model": "smollm", "prompt": "a", "temperature": 1e400}',
+    "deeply nested JSON": b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+}
+
+
+@pytest.mark.parametrize("raw", RAW_BODIES.values(), ids=RAW_BODIES.keys())
+def test_unparseable_or_non_object_bodies_are_400(http, raw):
+    assert_openai_error(http.post(COMPLETIONS, content=raw, headers={"content-type": "application/json"}), 400)
+
+
+def test_a_body_that_is_not_json_at_all_is_400(http):
+    response = http.post(COMPLETIONS, content=b"prompt=Hello", headers={"content-type": "text/plain"})
+    assert_openai_error(response, 400)
+
+
+def test_an_unknown_model_is_404(http):
+    for path, body in ((COMPLETIONS, completion(model="gpt-17")), (CHAT, chat(model="gpt-17"))):
+        assert assert_openai_error(http.post(path, json=body), 404, "model")["code"] == "model_not_found"
+    assert_openai_error(http.get("/v1/models/gpt-17"), 404, "model")
+
+
+def test_an_oversized_body_is_413_whether_declared_or_streamed(http):
+    big = json.dumps(completion(prompt="a" * (5 * 2**20))).encode()
+    assert_openai_error(http.post(COMPLETIONS, content=big, headers={"content-type": "application/json"}), 413)
+
+    def chunked():  # no Content-Length: the limit must hold as the bytes arrive
+        for start in range(0, len(big), 2**16):
+            yield big[start : start + 2**16]
+
+    assert_openai_error(http.post(COMPLETIONS, content=chunked(), headers={"content-type": "application/json"}), 413)
+
+
+def test_oversized_headers_are_refused_with_a_4xx(http):
+    response = http.post(COMPLETIONS, json=completion(), headers={"x-padding": "p" * 40_000})
+    assert_openai_error(response, 431)
+    # Far past the limit, the HTTP parser refuses to buffer more before the app ever sees a request.
+    huge = http.post(COMPLETIONS, json=completion(), headers={f"x-padding-{i}": "p" * 8000 for i in range(200)})
+    assert huge.status_code == 400
+    assert http.get("/livez").status_code == 200
+
+
+def test_wrong_method_and_unknown_route_are_openai_errors(http):
+    assert_openai_error(http.get(COMPLETIONS), 405)
+    assert_openai_error(http.post("/v1/embeddings", json={}), 404)
+
+
+def test_extreme_but_valid_sampling_values_do_not_hurt_the_engine(http):
+    # Passed straight to the sampler, the first three kill the engine loop (float32 makes inf, NaN or an empty mask).
+    for fields in ({"temperature": 1e-300}, {"top_p": 1e-300}, {"top_p": 5e-324, "temperature": 0.5},
+                   {"repetition_penalty": 0.01, "temperature": 1.0}, {"temperature": 1e300}, {"top_k": 2**40},
+                   {"seed": -(2**63)}, {"seed": 2**63 - 1, "n": 3, "temperature": 1.0},
+                   {"repetition_penalty": 10.0, "presence_penalty": -2.0, "frequency_penalty": 2.0}):
+        response = http.post(COMPLETIONS, json=completion(**fields))
+        assert response.status_code == 200, (fields, response.text)
+    assert http.get("/livez").status_code == 200
+
+
+def test_unknown_fields_are_ignored(http):
+    response = http.post(COMPLETIONS, json=completion(frobnicate={"deep": [1, 2]}, logit_bias=None, metadata=3))
+    assert response.status_code == 200, response.text
+
+
+def test_request_ids_are_echoed_or_made_up(http):
+    assert http.get("/livez", headers={"x-request-id": "my-id-42"}).headers["x-request-id"] == "my-id-42"
+    made_up = http.get("/livez", headers={"x-request-id": "x" * 500}).headers["x-request-id"]
+    assert made_up and made_up != "x" * 500
+    assert http.post(COMPLETIONS, json=completion(max_tokens=0)).headers["x-request-id"]
+
+
+def test_the_server_is_healthy_with_every_block_free_after_all_that(server, http):
+    # Runs last in this module (pytest keeps file order).
+    assert http.get("/livez").status_code == 200
+    assert http.get("/readyz").status_code == 200
+    server.wait_all_blocks_free(timeout=10)
+    assert http.post(COMPLETIONS, json=completion()).status_code == 200

@@ -1,0 +1,120 @@
+"""On a real socket: SIGTERM drains (503 for new work, in-flight requests finish, exit 0), and an engine
+failure fails the requests in flight with one clear 500 and turns liveness and readiness to 503."""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.api_server import APIServer
+
+MODEL = "smollm"
+SHUTDOWN_TIMEOUT_S = 12.0
+
+
+def completion(max_tokens: int, stream: bool = False) -> dict:
+    return {"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0.0, "stream": stream}
+
+
+class Call(threading.Thread):
+    """One request in the background; ``events`` holds a stream's data lines."""
+
+    def __init__(self, base_url: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.base_url, self.body = base_url, body
+        self.status: int | None = None
+        self.json: dict | None = None
+        self.events: list[str] = []
+        self.first_event = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        with httpx.stream("POST", f"{self.base_url}/v1/completions", json=self.body, timeout=120) as response:
+            self.status = response.status_code
+            if not self.body["stream"]:
+                response.read()
+                self.json = response.json()
+                return
+            for line in response.iter_lines():
+                if line:
+                    self.events.append(line)
+                    self.first_event.set()
+
+    def result(self) -> "Call":
+        self.join(120)
+        assert not self.is_alive(), "the request never finished"
+        return self
+
+    def chunks(self) -> list[dict]:
+        assert self.events[-1] == "data: [DONE]", self.events[-3:]
+        return [json.loads(e.removeprefix("data: ")) for e in self.events[:-1]]
+
+
+def wait_admitted(server: APIServer, count: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while server.engine_state()["num_unfinished"] < count:
+        assert time.monotonic() < deadline, f"fewer than {count} requests were admitted"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def draining_server(smollm_folder):
+    server = APIServer(smollm_folder, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)).wait_ready()
+    yield server
+    server.stop()
+
+
+def test_sigterm_drains_then_exits_zero(draining_server):
+    server = draining_server
+    short = Call(server.base_url, completion(12))
+    short_stream = Call(server.base_url, completion(12, stream=True))
+    too_long = Call(server.base_url, completion(1000, stream=True))
+    wait_admitted(server, 3)
+    too_long.first_event.wait(60)
+    signalled = time.monotonic()
+    server.terminate()
+
+    # Draining: probes and new work say 503, liveness holds (the process is fine, just leaving).
+    ready = httpx.get(f"{server.base_url}/readyz", timeout=10)
+    assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
+    refused = httpx.post(f"{server.base_url}/v1/completions", json=completion(1), timeout=10)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+    assert httpx.get(f"{server.base_url}/livez", timeout=10).status_code == 200
+
+    # The requests in flight that can finish in time do, in full.
+    assert short.result().status == 200 and short.json["usage"]["completion_tokens"] == 12
+    chunks = short_stream.result().chunks()
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # The one that cannot is ended at the shutdown timeout with a clear 503, and the process exits 0.
+    error = too_long.result().chunks()[-1]["error"]
+    assert error["code"] == "draining" and error["type"] == "service_unavailable"
+    assert server.wait_exit(timeout=60) == 0
+    assert SHUTDOWN_TIMEOUT_S <= time.monotonic() - signalled < SHUTDOWN_TIMEOUT_S + 30
+
+
+def test_an_engine_failure_gives_one_clear_500_and_turns_the_probes_to_503(smollm_folder):
+    server = APIServer(smollm_folder).wait_ready()
+    try:
+        streaming = Call(server.base_url, completion(500, stream=True))
+        waiting = Call(server.base_url, completion(500))
+        wait_admitted(server, 2)
+        assert streaming.first_event.wait(60)
+        assert httpx.post(f"{server.base_url}/test/engine-fault", timeout=10).status_code == 200
+
+        assert waiting.result().status == 500
+        assert waiting.json["error"]["message"] == "engine error"
+        assert waiting.json["error"]["code"] == "engine_error"
+        stream_error = streaming.result().chunks()[-1]["error"]
+        assert stream_error["message"] == "engine error"
+        for probe in ("/livez", "/readyz"):
+            response = httpx.get(f"{server.base_url}{probe}", timeout=10)
+            assert response.status_code == 503 and response.json()["error"]["code"] == "engine_dead"
+        refused = httpx.post(f"{server.base_url}/v1/completions", json=completion(1), timeout=10)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_dead"
+        server.terminate()
+        assert server.wait_exit(timeout=60) == 0
+    finally:
+        server.stop()

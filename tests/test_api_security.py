@@ -1,0 +1,161 @@
+"""API keys, per-key rate limits and the body limit: the pieces alone, then on a real server."""
+
+import httpx
+import openai
+import pytest
+
+from server.api.errors import APIError
+from server.api.security import ANONYMOUS, APIKeys, RateLimiter
+from tests.api_server import APIServer
+
+MODEL = "smollm"
+KEY_FLAG, KEY_FLAG_2, KEY_FILE = "key-from-flag", "second-key-from-flag", "key-from-file"
+KEY_ENV, KEY_ENV_2 = "key-from-env", "other-key-from-env"
+RPM, TPM = 6, 100
+MAX_REQUEST_BYTES = 64 * 1024
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --- the pieces -----------------------------------------------------------------------------------------
+
+
+def test_keys_are_checked_by_digest_and_identify_the_caller():
+    keys = APIKeys(["alpha", "beta"])
+    assert keys.identify("Bearer alpha") != keys.identify("bearer beta")
+    for header in (None, "", "Bearer", "Bearer gamma", "Basic alpha", "alpha", "Bearer alph", "Bearer \xe9\xff"):
+        with pytest.raises(APIError) as refused:
+            keys.identify(header)
+        assert refused.value.status == 401
+    assert APIKeys([]).identify(None) == ANONYMOUS
+
+
+def test_requests_per_minute_refill_over_time_and_say_when_to_retry():
+    clock = FakeClock()
+    limiter = RateLimiter(rpm=2, tpm=None, clock=clock)
+    limiter.admit_request("a")
+    limiter.admit_request("a")
+    with pytest.raises(APIError) as limited:
+        limiter.admit_request("a")
+    assert limited.value.status == 429 and limited.value.headers["Retry-After"] == "30"
+    limiter.admit_request("b")  # another key has its own budget
+    clock.now += 30
+    limiter.admit_request("a")
+
+
+def test_tokens_per_minute_reserve_at_admission_and_refund_what_was_not_used():
+    clock = FakeClock()
+    limiter = RateLimiter(rpm=None, tpm=100, clock=clock)
+    first = limiter.reserve_tokens("a", 70)
+    with pytest.raises(APIError):
+        limiter.reserve_tokens("a", 70)
+    first.settle(used=10)  # 60 back
+    first.settle(used=0)  # settling twice refunds nothing more
+    second = limiter.reserve_tokens("a", 85)
+    with pytest.raises(APIError) as limited:
+        limiter.reserve_tokens("a", 10)
+    assert limited.value.headers["Retry-After"] == "3"  # 90 - 85 = 5 left, 5 short, at 100/60 tokens a second
+    second.settle(used=85)
+    with pytest.raises(APIError, match="more than the limit"):
+        limiter.reserve_tokens("b", 101)
+
+
+# --- on a real server -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(smollm_folder, tmp_path_factory):
+    key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
+    key_file.write_text(f"# one key per line\n{KEY_FILE}\n\n")
+    server = APIServer(
+        smollm_folder, "--api-key", KEY_FLAG, "--api-key", KEY_FLAG_2, "--api-key-file", str(key_file),
+        "--metrics-require-api-key", "--rate-limit-rpm", str(RPM), "--rate-limit-tpm", str(TPM),
+        "--max-request-bytes", str(MAX_REQUEST_BYTES),
+        env={"VIGIL_API_KEYS": f"{KEY_ENV}, {KEY_ENV_2}"},
+    ).wait_ready()
+    yield server
+    server.stop()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def completion(**fields) -> dict:
+    return {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0.0, **fields}
+
+
+GUARDED = [("GET", "/v1/models"), ("GET", f"/v1/models/{MODEL}"), ("POST", "/v1/completions"),
+           ("POST", "/v1/chat/completions"), ("GET", "/health"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+           ("GET", "/test/engine-state")]
+
+
+@pytest.mark.parametrize("method, path", GUARDED, ids=[p for _, p in GUARDED])
+def test_every_route_but_the_probes_needs_a_key(server, method, path):
+    for headers in ({}, bearer("wrong-key"), {"authorization": "Basic " + KEY_FLAG},
+                    {"authorization": b"Bearer \xe9\xff\xfe"}, {"authorization": "Bearer ключ".encode()}):
+        response = httpx.request(method, f"{server.base_url}{path}", headers=headers, json=completion(), timeout=30)
+        assert response.status_code == 401, (headers, response.text)
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    response = httpx.request(method, f"{server.base_url}{path}", headers=bearer(KEY_FLAG),
+                             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+                             if "chat" in path else completion(), timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def test_liveness_and_readiness_need_no_key(server):
+    for path in ("/livez", "/readyz"):
+        assert httpx.get(f"{server.base_url}{path}", timeout=30).status_code == 200
+
+
+def test_keys_come_from_the_flag_the_file_and_the_environment(server):
+    for key in (KEY_FLAG, KEY_FLAG_2, KEY_FILE, KEY_ENV, KEY_ENV_2):
+        assert httpx.get(f"{server.base_url}/v1/models", headers=bearer(key), timeout=30).status_code == 200
+
+
+def test_the_openai_client_authenticates_with_its_api_key(server):
+    good = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY_FILE, max_retries=0)
+    assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=1).usage.completion_tokens == 1
+    bad = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+
+
+def test_requests_per_minute_are_limited_per_key(server):
+    def call(key):
+        return httpx.post(f"{server.base_url}/v1/completions", json=completion(), headers=bearer(key), timeout=60)
+
+    statuses = [call(KEY_ENV).status_code for _ in range(RPM)]
+    assert statuses == [200] * RPM
+    limited = call(KEY_ENV)
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert limited.json()["error"]["type"] == "rate_limit_error"
+    assert call(KEY_ENV_2).status_code == 200  # a different key is not limited
+
+
+def test_tokens_per_minute_reserve_prompt_plus_max_tokens_and_refund_the_rest(server):
+    def call(**fields):
+        return httpx.post(f"{server.base_url}/v1/completions", json=completion(**fields),
+                          headers=bearer(KEY_FLAG_2), timeout=60)
+
+    # 5 prompt tokens + 60 reserved each: two in a row fit only because the first refunds what it did not use.
+    first = call(max_tokens=60, stop=["."])
+    assert first.status_code == 200 and first.json()["usage"]["completion_tokens"] < 10
+    assert call(max_tokens=60, stop=["."]).status_code == 200
+    over = call(max_tokens=90)
+    assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
+    too_big = call(max_tokens=200)
+    assert too_big.status_code == 429 and "more than the limit" in too_big.json()["error"]["message"]
+
+
+def test_the_body_limit_flag_gives_413(server):
+    body = completion(prompt="x" * (MAX_REQUEST_BYTES + 1))
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, headers=bearer(KEY_FILE), timeout=30)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
