@@ -1,0 +1,71 @@
+"""Telemetry as a whole: builds the sinks, subscribes them to the engine, serves /metrics, shuts down."""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+
+from server.engine.engine import LLMEngine
+from telemetry.hardware import HardwareSampler
+from telemetry.metrics import LATENCY_BUCKETS, VigilMetrics
+from telemetry.recorder import StatsRecorder
+from telemetry.tracing import RequestTracer, build_tracer_provider
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    model: str
+    hardware_interval_s: float = 5.0
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = "grpc"
+    log_requests: bool = False
+    latency_buckets: Sequence[float] = LATENCY_BUCKETS
+
+
+class Telemetry:
+    """Owns the registry, the recorder, the tracer and the hardware sampler of one server."""
+
+    def __init__(self, config: TelemetryConfig, engine: LLMEngine, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        if registry is None:
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
+        self.metrics = VigilMetrics(config.model, self.registry, config.latency_buckets)
+        self.metrics.kv_cache_memory.labels(config.model).set(engine.cache_info.total_bytes)
+        self.provider = build_tracer_provider("vigil", config.otlp_endpoint, config.otlp_protocol)
+        self.tracer = RequestTracer(self.provider) if self.provider is not None else None
+        tokenizer = engine.tokenizer
+        self.recorder = StatsRecorder(
+            self.metrics,
+            self.tracer,
+            engine.eos_token_ids,
+            decode_tokens=tokenizer.decode if config.log_requests else None,
+        )
+        self.sampler = HardwareSampler(self.metrics, config.hardware_interval_s, on_tick=[self.recorder.tick])
+        engine.stats_listeners.append(self.recorder.on_step)
+
+    def start(self) -> None:
+        self.sampler.start()
+
+    def shutdown(self) -> None:
+        self.sampler.stop()
+        if self.provider is not None:
+            self.provider.shutdown()
+
+    def set_ready(self, ready: bool) -> None:
+        self.metrics.engine_ready.labels(self.metrics.model).set(1 if ready else 0)
+
+    def watch_readiness(self, is_ready: Callable[[], bool]) -> None:
+        """Keep ``vigil_engine_ready`` in step with ``is_ready``, sampled on the hardware interval."""
+        self.sampler.on_tick.append(lambda: self.set_ready(is_ready()))
+        self.set_ready(is_ready())
+
+    def record_error(self, reason: str) -> None:
+        self.metrics.request_errors.labels(reason).inc()
+
+    def exposition(self, accept_header: str | None) -> tuple[bytes, str]:
+        """The registry in the format the scraper asked for (OpenMetrics carries the exemplars)."""
+        encoder, content_type = choose_encoder(accept_header or "")
+        return encoder(self.registry), content_type

@@ -1,0 +1,135 @@
+"""Telemetry against a live server on 127.0.0.1: every number checked against what was actually sent."""
+
+import concurrent.futures
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.api_server import APIServer
+
+KEY = "sk-telemetry-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+TEMPERATURES = [0.0, 0.0, 0.3, 0.7, 0.7, 1.0, 1.3, 1.9]
+
+
+@pytest.fixture(scope="module")
+def server(smollm_folder):
+    server = APIServer(
+        smollm_folder, "--api-key", KEY, "--metrics-require-api-key", "--max-request-bytes", "65536"
+    ).wait_ready(AUTH)
+    yield server
+    server.stop()
+
+
+def scrape(server: APIServer) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{server.base_url}/metrics", headers=AUTH, timeout=10).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def complete(server: APIServer, temperature: float, max_tokens: int) -> dict:
+    body = {"model": "smollm", "prompt": f"Count slowly from one, at temperature {temperature}:",
+            "max_tokens": max_tokens, "temperature": temperature, "seed": 1}
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, headers=AUTH, timeout=120)
+    response.raise_for_status()
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def traffic(server):
+    """A known mix: eight completions at once, then bad requests of four kinds."""
+    before = scrape(server)
+    with concurrent.futures.ThreadPoolExecutor(len(TEMPERATURES)) as pool:
+        results = list(pool.map(lambda t: complete(server, t[1], 6 + t[0]), enumerate(TEMPERATURES)))
+    bad = {
+        "validation": [{"model": "smollm", "prompt": "x", "temperature": -1}, {"model": "smollm", "prompt": ""},
+                       {"model": "smollm", "prompt": "x", "max_tokens": 0}],
+        "unauthorized": [None, None],
+        "payload_too_large": ["x" * 70_000],
+    }
+    for reason, bodies in bad.items():
+        for body in bodies:
+            if reason == "unauthorized":
+                response = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "hi"},
+                                      headers={"Authorization": "Bearer wrong"}, timeout=30)
+            elif reason == "payload_too_large":
+                response = httpx.post(f"{server.base_url}/v1/completions", content=body.encode(),
+                                      headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+            else:
+                response = httpx.post(f"{server.base_url}/v1/completions", json=body, headers=AUTH, timeout=30)
+            assert 400 <= response.status_code < 500, response.text
+    server.wait_all_blocks_free(headers=AUTH)
+    return before, scrape(server), results, {k: len(v) for k, v in bad.items()}
+
+
+def rise(traffic, name: str, **labels: str) -> float:
+    before, after, _, _ = traffic
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def test_generation_tokens_equal_the_completion_tokens_returned(traffic):
+    results = traffic[2]
+    assert rise(traffic, "vigil_generation_tokens_total", model="smollm") == sum(
+        r["usage"]["completion_tokens"] for r in results
+    )
+    assert rise(traffic, "vigil_prompt_tokens_total", model="smollm") == sum(
+        r["usage"]["prompt_tokens"] for r in results
+    )
+
+
+def test_queue_time_and_ttft_counts_equal_the_number_of_requests(traffic):
+    for histogram in ("vigil_request_queue_time_seconds", "vigil_time_to_first_token_seconds",
+                      "vigil_request_duration_seconds"):
+        assert rise(traffic, f"{histogram}_count", model="smollm") == len(TEMPERATURES), histogram
+
+
+def test_the_temperature_histogram_holds_exactly_the_temperatures_sent(traffic):
+    assert rise(traffic, "vigil_request_temperature_count", model="smollm") == len(TEMPERATURES)
+    assert rise(traffic, "vigil_request_temperature_sum", model="smollm") == pytest.approx(sum(TEMPERATURES))
+    for bound in ("0.0", "0.3", "0.7", "1.0", "1.5", "2.0"):
+        expected = sum(t <= float(bound) for t in TEMPERATURES)
+        assert rise(traffic, "vigil_request_temperature_bucket", model="smollm", le=bound) == expected, bound
+
+
+def test_error_counters_rise_by_the_bad_requests_of_each_kind(traffic):
+    for reason, count in traffic[3].items():
+        assert rise(traffic, "vigil_request_errors_total", reason=reason) == count, reason
+    for reason in ("rate_limited", "queue_full", "engine", "not_ready"):
+        assert rise(traffic, "vigil_request_errors_total", reason=reason) == 0, reason
+    assert rise(traffic, "vigil_http_requests_total", route="/v1/completions", code="200") == len(TEMPERATURES)
+    assert rise(traffic, "vigil_http_requests_total", route="/v1/completions", code="401") == 2
+
+
+def test_concurrency_shows_batches_larger_than_one(traffic):
+    total = rise(traffic, "vigil_batch_size_count", model="smollm")
+    singles = rise(traffic, "vigil_batch_size_bucket", model="smollm", le="1.0")
+    assert total > singles
+
+
+def test_infrastructure_gauges_on_a_gpu_less_machine(traffic):
+    after = traffic[1]
+    assert value(after, "vigil_gpu_count") == 0
+    assert value(after, "vigil_host_memory_total_bytes") > value(after, "vigil_host_memory_used_bytes") > 0
+    assert value(after, "vigil_kv_cache_memory_bytes", model="smollm") > 0
+    assert value(after, "vigil_engine_ready", model="smollm") == 1
+    assert value(after, "process_resident_memory_bytes") > 0
+
+
+def test_metrics_need_the_key_when_keys_are_set(server):
+    assert httpx.get(f"{server.base_url}/metrics", timeout=10).status_code == 401
+
+
+def test_openmetrics_exposition_carries_no_exemplars_without_tracing(server):
+    response = httpx.get(f"{server.base_url}/metrics", timeout=10,
+                         headers={**AUTH, "Accept": "application/openmetrics-text; version=1.0.0"})
+    assert response.headers["content-type"].startswith("application/openmetrics-text")
+    assert response.text.rstrip().endswith("# EOF")
+    assert "trace_id" not in response.text
