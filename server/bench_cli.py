@@ -20,6 +20,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     offline.add_argument("--skip-hf", action="store_true", help="time the engine alone")
     add_engine_args(offline)
     offline.set_defaults(func=run_offline)
+    telemetry = modes.add_parser("telemetry", help="throughput with telemetry on and off, and /metrics render time")
+    telemetry.add_argument("--num-prompts", type=int, default=32)
+    telemetry.add_argument("--input-len", type=int, default=128)
+    telemetry.add_argument("--output-len", type=int, default=64)
+    telemetry.add_argument("--rounds", type=int, default=3)
+    telemetry.add_argument("--seed", type=int, default=0)
+    add_engine_args(telemetry)
+    telemetry.set_defaults(func=run_telemetry)
     http = modes.add_parser("http", help="the offline engine vs the same workload over HTTP to streaming clients")
     http.add_argument("--num-prompts", type=int, default=64, help="also the number of concurrent clients")
     http.add_argument("--input-len", type=int, default=128)
@@ -29,6 +37,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="alternate offline and HTTP this many times, on fresh prompts each round")
     add_engine_args(http)
     http.set_defaults(func=run_http)
+
+
+def run_telemetry(args: argparse.Namespace) -> int:
+    from server.bench.telemetry_overhead import run
+
+    return run(args)
 
 
 def run_offline(args: argparse.Namespace) -> int:

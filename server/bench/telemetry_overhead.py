@@ -1,0 +1,76 @@
+"""Telemetry's cost: offline throughput with the recorder on and off, alternated in one run, and the time to
+render /metrics once 10,000 finished requests have been recorded."""
+
+import argparse
+import statistics
+import time
+
+from prometheus_client import CollectorRegistry
+
+from server.bench.offline import random_prompts, time_engine
+from server.engine.engine import LLMEngine
+from server.engine.request import SamplingParams
+from server.engine.stats import FinishedRequestStats, StepStats
+from server.engine_args import engine_config_from_args
+from telemetry.logging import configure_logging
+from telemetry.metrics import VigilMetrics
+from telemetry.recorder import StatsRecorder
+
+
+def synthetic_finished(index: int) -> FinishedRequestStats:
+    start = time.monotonic()
+    tokens = tuple((index * 7 + i) % 5000 for i in range(64))
+    return FinishedRequestStats(
+        request_id=f"r{index}", finish_reason="length", stop_reason=None, arrival_time=start,
+        queued_time=start, scheduled_time=start + 0.01, first_token_time=start + 0.05,
+        last_token_time=start + 1.0, finished_time=start + 1.0, num_prompt_tokens=128,
+        num_generation_tokens=len(tokens), num_cached_tokens=0, num_preemptions=0, max_tokens=64,
+        sampling_params=SamplingParams(temperature=(index % 20) / 10, top_p=0.9, max_tokens=64),
+        output_token_ids=tokens,
+    )
+
+
+def render_time(num_requests: int) -> tuple[float, int]:
+    """Median seconds to render the registry, and its size in bytes, after ``num_requests`` were recorded."""
+    from prometheus_client.exposition import generate_latest
+
+    registry = CollectorRegistry()
+    recorder = StatsRecorder(VigilMetrics("bench", registry))
+    for first in range(0, num_requests, 100):
+        finished = [synthetic_finished(i) for i in range(first, min(first + 100, num_requests))]
+        recorder.on_step(StepStats(
+            timestamp=time.monotonic(), step_duration_s=0.02, num_running=64, num_waiting=0,
+            num_kv_blocks_used=100, num_kv_blocks_total=1000, num_scheduled_tokens=64, num_prefill_seqs=0,
+            num_decode_seqs=64, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0,
+            num_prompt_tokens=0, num_generation_tokens=64, finished=finished,
+        ))
+    timings = []
+    for _ in range(20):
+        started = time.perf_counter()
+        body = generate_latest(registry)
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings), len(body)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging("console", "WARNING")  # one request_finished line per request would drown the figures
+    engine = LLMEngine.from_config(engine_config_from_args(args))
+    prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed)
+    recorder = StatsRecorder(VigilMetrics("bench", CollectorRegistry()), eos_token_ids=engine.eos_token_ids)
+    time_engine(engine, prompts[:4], 8)
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for telemetry_on in (True, False):
+            if telemetry_on:
+                engine.stats_listeners.append(recorder.on_step)
+            rates[telemetry_on].append(time_engine(engine, prompts, args.output_len).tokens_per_second)
+            engine.stats_listeners.clear()
+    on, off = statistics.median(rates[True]), statistics.median(rates[False])
+    seconds, size = render_time(10_000)
+    print(f"\nbench telemetry: {args.num_prompts} requests x {args.output_len} output tokens, "
+          f"{args.rounds} alternated rounds")
+    print(f"telemetry on : {on:8.1f} output tok/s   (rounds: {', '.join(f'{r:.1f}' for r in rates[True])})")
+    print(f"telemetry off: {off:8.1f} output tok/s   (rounds: {', '.join(f'{r:.1f}' for r in rates[False])})")
+    print(f"overhead     : {100 * (off - on) / off:8.2f} %")
+    print(f"/metrics render with 10,000 finished requests recorded: {seconds * 1e3:.2f} ms, {size} bytes")
+    return 0
