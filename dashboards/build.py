@@ -294,7 +294,7 @@ def overview() -> dict:
             stat(
                 f"Success rate (SLO ≥ {SLO_SUCCESS_RATIO:.0%})",
                 "Share of API requests answered without a 5xx status over the selected range.",
-                f"1 - sum(rate({api_5xx}[$__range])) / sum(rate({api}[$__range]))",
+                f"1 - (sum(rate({api_5xx}[$__range])) or vector(0)) / sum(rate({api}[$__range]))",
                 "percentunit",
                 thresholds("red", 0.95, "yellow", SLO_SUCCESS_RATIO, "green"),
             ),
@@ -334,7 +334,10 @@ def overview() -> dict:
                 "5xx: server failures (the critical alert fires above 5%). Any error: also refusals "
                 "such as validation, rate limiting or a full queue (see Service / Errors by reason).",
                 [
-                    target(f"sum(rate({api_5xx}[$__rate_interval])) / sum(rate({api}[$__rate_interval]))", "5xx"),
+                    target(
+                        f"(sum(rate({api_5xx}[$__rate_interval])) or vector(0)) / sum(rate({api}[$__rate_interval]))",
+                        "5xx",
+                    ),
                     target(
                         f"sum({rate('vigil_request_errors_total')}) / sum(rate({api}[$__rate_interval]))", "any error"
                     ),

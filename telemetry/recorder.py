@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from server.engine.request import INTERNAL_REQUEST_PREFIX
 from server.engine.stats import FinishedRequestStats, StepStats
 from telemetry.metrics import VigilMetrics
 from telemetry.quality import output_anomalies, repetition_ratio
@@ -76,7 +77,8 @@ class StatsRecorder:
             for event in stats.events:
                 self.tracer.event(event.request_id, event.kind, event.timestamp)
         for finished in stats.finished:
-            self._record_finished(finished)
+            if not finished.request_id.startswith(INTERNAL_REQUEST_PREFIX):
+                self._record_finished(finished)
         with self._lock:
             self._generation_rate.add(stats.timestamp, stats.num_generation_tokens)
             self._prompt_rate.add(stats.timestamp, stats.num_prompt_tokens)

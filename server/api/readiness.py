@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from server.engine.async_engine import AsyncEngine, EngineDeadError
-from server.engine.request import QueueFullError, SamplingParams
+from server.engine.request import INTERNAL_REQUEST_PREFIX, QueueFullError, SamplingParams
 
 # A step running longer than this means the loop is stuck. CPU steps take well under a second.
 STALLED_STEP_S = 60.0
@@ -58,7 +58,8 @@ class ReadinessProbe:
         tokenizer = self._engine.tokenizer
         token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 0
         request = self._engine.make_request(
-            self._engine.next_request_id("canary"), [token], SamplingParams(temperature=0.0, max_tokens=1)
+            self._engine.next_request_id(f"{INTERNAL_REQUEST_PREFIX}canary"), [token],
+            SamplingParams(temperature=0.0, max_tokens=1),
         )
         try:
             async with asyncio.timeout(self._timeout):

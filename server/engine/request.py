@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from server.engine.repetition import RepetitionDetector
 
 MAX_STOP_SEQUENCES = 16
+# Requests the server makes of itself (readiness canaries) carry this id prefix; telemetry leaves them out.
+INTERNAL_REQUEST_PREFIX = "vigil-internal-"
 MAX_STOP_TOKEN_IDS = 64
 
 
