@@ -48,6 +48,8 @@ class Telemetry:
 
     def start(self) -> None:
         self.sampler.start()
+        for hook in self.sampler.on_tick:
+            hook()
 
     def shutdown(self) -> None:
         self.sampler.stop()
