@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vigil.serve")
 
-DEFAULT_SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
 API_KEYS_ENV = "VIGIL_API_KEYS"
 TEST_HOOKS_ENV = "VIGIL_ENABLE_TEST_HOOKS"
 # After the drain, the time uvicorn gives connections to finish sending what the engine stop produced.
@@ -105,7 +104,7 @@ def read_api_keys(args: argparse.Namespace, environ: dict[str, str]) -> tuple[st
 
 def server_config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> ServerConfig:
     return ServerConfig(
-        served_model_name=args.served_model_name or args.model or DEFAULT_SERVED_MODEL_NAME,
+        served_model_name=args.served_model_name or args.model or ServerConfig.served_model_name,
         host=args.host,
         port=args.port,
         api_keys=read_api_keys(args, environ),

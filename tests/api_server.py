@@ -84,15 +84,16 @@ class APIServer:
         response.raise_for_status()
         return response.json()
 
-    def wait_all_blocks_free(self, timeout: float = 10.0, headers: dict[str, str] | None = None) -> float:
-        """Seconds until no request is unfinished and every KV block is free; raises if that never happens."""
+    def wait_all_blocks_free(self, timeout: float = 10.0, headers: dict[str, str] | None = None) -> dict[str, float]:
+        """Wait until no request is unfinished and every KV block is free; raises if that never happens.
+        Returns how long that took, in ``seconds`` and in engine ``steps`` completed meanwhile."""
         started = time.monotonic()
-        state = {}
+        first = state = self.engine_state(headers)
         while time.monotonic() - started < timeout:
-            state = self.engine_state(headers)
             if state["num_unfinished"] == 0 and state["num_free_blocks"] == state["num_blocks"]:
-                return time.monotonic() - started
+                return {"seconds": time.monotonic() - started, "steps": state["num_steps"] - first["num_steps"]}
             time.sleep(0.02)
+            state = self.engine_state(headers)
         raise AssertionError(f"KV blocks still in use after {timeout}s: {state}")
 
 

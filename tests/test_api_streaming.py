@@ -99,9 +99,12 @@ def wait_admitted(server, count: int, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def close_and_time_until_free(server, sock: socket.socket) -> float:
+def assert_freed_promptly(server, sock: socket.socket) -> None:
+    """Within a second; on a machine so loaded that one engine step takes longer, at the next step boundary
+    (the loop applies aborts between steps, and the step under way when the client left may finish first)."""
     sock.close()
-    return server.wait_all_blocks_free(timeout=10)
+    took = server.wait_all_blocks_free(timeout=10)
+    assert took["seconds"] < FREE_WITHIN_S or took["steps"] <= 2, took
 
 
 def test_a_client_leaving_mid_stream_aborts_every_choice_and_frees_its_blocks(server):
@@ -109,18 +112,18 @@ def test_a_client_leaving_mid_stream_aborts_every_choice_and_frees_its_blocks(se
                                       "ignore_eos": True, "stream": True})
     read_until(sock, b'"text":"')  # at least one token has arrived
     assert server.engine_state()["num_unfinished"] == 2
-    assert close_and_time_until_free(server, sock) < FREE_WITHIN_S
+    assert_freed_promptly(server, sock)
 
 
 def test_a_streaming_client_leaving_before_its_first_token_aborts(server):
     sock = send_request(server.port, {"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 500, "ignore_eos": True,
                                       "stream": True})
     wait_admitted(server, 1)
-    assert close_and_time_until_free(server, sock) < FREE_WITHIN_S
+    assert_freed_promptly(server, sock)
 
 
 def test_a_non_streaming_client_leaving_aborts(server):
     sock = send_request(server.port, {"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 500, "ignore_eos": True})
     wait_admitted(server, 1)
     time.sleep(0.3)  # well into generation: no response has been sent
-    assert close_and_time_until_free(server, sock) < FREE_WITHIN_S
+    assert_freed_promptly(server, sock)

@@ -22,5 +22,6 @@ async def engine_state(state: State) -> dict[str, int]:
         "num_unfinished": health.num_unfinished,
         "num_free_blocks": health.num_free_blocks,
         "num_blocks": health.num_blocks,
+        "num_steps": health.num_steps,
         "in_flight": state.lifecycle.in_flight,
     }

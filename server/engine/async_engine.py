@@ -43,6 +43,7 @@ class EngineHealth:
     error: str | None
     last_step_at: float | None
     step_started_at: float | None
+    num_steps: int
     num_unfinished: int
     num_free_blocks: int
     num_blocks: int
@@ -113,6 +114,7 @@ class AsyncEngine:
         self._fault_next_step = False
         self._stopped = False
         self._last_step_at: float | None = None
+        self._num_steps = 0
         self._step_started_at: float | None = None
         self._ids = itertools.count()
 
@@ -184,6 +186,7 @@ class AsyncEngine:
             error=self._error,
             last_step_at=self._last_step_at,
             step_started_at=self._step_started_at,
+            num_steps=self._num_steps,
             num_unfinished=len(self._streams),
             num_free_blocks=block_manager.num_free_blocks,
             num_blocks=block_manager.num_blocks,
@@ -259,6 +262,7 @@ class AsyncEngine:
         finally:
             self._step_started_at = None
         self._last_step_at = time.monotonic()
+        self._num_steps += 1
         deliveries = []
         for output in outputs:
             stream = self._streams.pop(output.request_id, None) if output.finished else self._streams.get(
