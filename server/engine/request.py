@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from server.engine.repetition import RepetitionDetector
 
 MAX_STOP_SEQUENCES = 16
+MIN_SAMPLING_TEMPERATURE = 1e-5
 # Requests the server makes of itself (readiness canaries) carry this id prefix; telemetry leaves them out.
 INTERNAL_REQUEST_PREFIX = "vigil-internal-"
 MAX_STOP_TOKEN_IDS = 64
@@ -31,7 +32,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, dividing logits by the temperature overflows float32: it is greedy in all but name.
+        return self.temperature < MIN_SAMPLING_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:
@@ -48,7 +50,7 @@ class SamplingParams:
             ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "must be in (0, 10]"),
+            ("repetition_penalty", 0.01 <= self.repetition_penalty <= 10.0, "must be in [0.01, 10]"),
             ("stop", len(self.stop) <= MAX_STOP_SEQUENCES, f"allows at most {MAX_STOP_SEQUENCES} strings"),
             ("stop", all(self.stop), "strings must not be empty"),
             (

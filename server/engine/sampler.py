@@ -53,6 +53,7 @@ def mask_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(logits, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+    drop_sorted[0] = False  # the most likely token always stays, however small top_p rounds in float32
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
