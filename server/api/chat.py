@@ -46,10 +46,7 @@ async def create_chat_completion(
     model = state.config.served_model_name
     if body.stream:
         return EventStreamResponse(_events(run, model, body.include_usage), cleanup=run.close)
-    try:
-        finals = await run.finals_unless_disconnected(request.receive)
-    finally:
-        run.close()
+    finals = await run.collect(request.receive)
     if finals is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     choices = [

@@ -130,6 +130,13 @@ class GenerationRun:
             return None
         return work.result()
 
+    async def collect(self, receive: Receive) -> list[CompletionOutput] | None:
+        """The unstreamed answer: every choice's final output, or None if the client left; closes the run."""
+        try:
+            return await self.finals_unless_disconnected(receive)
+        finally:
+            self.close()
+
     def usage(self) -> Usage:
         completion = sum(self._completion_tokens)
         prompt = self.generation.num_prompt_tokens
