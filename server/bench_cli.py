@@ -1,8 +1,9 @@
-"""``python -m server bench offline|http``: the engine beside Hugging Face transformers, or beside itself
-served over HTTP."""
+"""``python -m server bench offline|telemetry|http|serve``: the engine beside Hugging Face transformers, with
+telemetry on and off, or beside itself served over HTTP; ``serve`` load-tests any OpenAI-compatible server."""
 
 import argparse
 
+from server.bench.serve.options import add_arguments as add_serve_args
 from server.engine_args import add_engine_args
 
 
@@ -37,6 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="alternate offline and HTTP this many times, on fresh prompts each round")
     add_engine_args(http)
     http.set_defaults(func=run_http)
+    serve = modes.add_parser("serve", help="streaming load test of any OpenAI-compatible server: TTFT, TPOT, "
+                             "ITL, throughput, goodput")
+    add_serve_args(serve)
+    serve.set_defaults(func=run_serve)
 
 
 def run_telemetry(args: argparse.Namespace) -> int:
@@ -53,5 +58,11 @@ def run_offline(args: argparse.Namespace) -> int:
 
 def run_http(args: argparse.Namespace) -> int:
     from server.bench.serve_http import run
+
+    return run(args)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from server.bench.serve.cli import run
 
     return run(args)
