@@ -1,8 +1,8 @@
-"""The one dispatch point between the attention implementations.
+"""The one dispatch point between the kernel implementations: attention, and a layer's elementwise ops.
 
 - ``triton``: the Triton kernels; the default for CUDA tensors.
-- ``cpu``: the compiled C++ decode kernel, with the torch versions for prefill and the KV store; the default
-  elsewhere, falling back to ``torch`` where no C++ compiler is available.
+- ``cpu``: the compiled C++ decode kernel and elementwise ops, with the torch versions for prefill and the KV
+  store; the default elsewhere, falling back to ``torch`` where no C++ compiler is available.
 - ``torch``: ``kernels.reference`` alone, the oracle.
 
 ``VIGIL_ATTENTION_BACKEND=torch|triton|cpu`` overrides the choice.
@@ -24,6 +24,18 @@ class AttentionOps:
     paged_decode_attention: Callable[..., torch.Tensor]
     paged_prefill_attention: Callable[..., torch.Tensor]
     store_kv: Callable[..., None]
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """RMSNorm, the residual add fused with the next norm, RoPE and SiLU(gate) * up; the signatures of
+    ``kernels.reference``."""
+
+    name: str
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
 
 
 def backend_name(device: torch.device) -> str:
@@ -49,6 +61,27 @@ def select_attention_ops(device: torch.device) -> AttentionOps:
             "torch", reference.paged_decode_attention, reference.paged_prefill_attention, reference.store_kv
         )
     return AttentionOps("cpu", compiled.paged_decode_attention, reference.paged_prefill_attention, reference.store_kv)
+
+
+def select_layer_ops(device: torch.device) -> LayerOps:
+    from kernels import reference
+
+    compiled = None
+    if device.type == "cpu" and backend_name(device) == "cpu":
+        from kernels import cpu
+
+        compiled = cpu.load()
+    if compiled is None:
+        return LayerOps("torch", reference.rms_norm, reference.add_rms_norm, reference.rotary, reference.silu_mul)
+
+    def add_rms_norm(hidden, delta, weight, eps):
+        return hidden, compiled.add_rms_norm_(hidden, delta, weight, eps)
+
+    def rotary(positions, q, k, cos, sin):
+        compiled.rotary_(q, k, positions, cos, sin)
+        return q, k
+
+    return LayerOps("cpu", compiled.rms_norm, add_rms_norm, rotary, compiled.silu_mul)
 
 
 def _triton_ops(device: torch.device) -> AttentionOps:

@@ -12,7 +12,8 @@ from types import ModuleType
 
 logger = logging.getLogger("vigil.kernels")
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.cpp"
+SOURCE_DIR = Path(__file__).parent / "csrc"
+SOURCES = ("paged_decode_attention.cpp", "layer_ops.cpp", "bindings.cpp")
 
 
 def _cpu_tag() -> str:
@@ -21,7 +22,8 @@ def _cpu_tag() -> str:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = ""
-    return hashlib.sha256((flags + SOURCE.read_text()).encode()).hexdigest()[:12]
+    sources = "".join(path.read_text() for path in sorted(SOURCE_DIR.iterdir()))
+    return hashlib.sha256((flags + sources).encode()).hexdigest()[:12]
 
 
 @cache
@@ -30,11 +32,11 @@ def load() -> ModuleType | None:
 
     try:
         return cpp_extension.load(
-            name=f"vigil_cpu_attention_{_cpu_tag()}",
-            sources=[str(SOURCE)],
+            name=f"vigil_cpu_kernels_{_cpu_tag()}",
+            sources=[str(SOURCE_DIR / name) for name in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
         )
     except Exception as error:  # noqa: BLE001 - no compiler or ninja: fall back to the torch path
-        logger.warning("CPU attention kernel unavailable, using the torch path: %s", error)
+        logger.warning("CPU kernels unavailable, using the torch path: %s", error)
         return None

@@ -1,4 +1,5 @@
-"""Torch implementations of the paged kernels: the CPU path and the Triton kernels' test oracle.
+"""Torch implementations of the paged kernels and of a layer's elementwise ops: the oracle of the Triton and
+C++ kernels, and the path wherever those are not available.
 
 KV cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``. Block tables are int32 rows of block
 ids, padded with any valid block id; ``seq_lens`` counts every context token, the new ones included.
@@ -90,3 +91,37 @@ def store_kv(
         slots, k, v = slots[valid], k[valid], v[valid]
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As Hugging Face computes it: normalise in fp32, cast back, then scale."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def add_rms_norm(
+    hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next norm: ``(hidden + delta, rms_norm(hidden + delta))``."""
+    hidden = hidden + delta
+    return hidden, rms_norm(hidden, weight, eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half RoPE of ``[tokens, heads, head_dim]`` q and k, from fp32 ``[positions, head_dim]`` tables."""
+    cos = cos[positions].to(q.dtype)[:, None, :]
+    sin = sin[positions].to(q.dtype)[:, None, :]
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -22,6 +22,7 @@ class EngineConfig:
     model: str | None = None
     served_model_name: str | None = None
     dtype: str = "auto"
+    weight_dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
     max_num_seqs: int = 128
@@ -37,6 +38,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.weight_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"weight_dtype must be auto, float32, bfloat16 or float16, not {self.weight_dtype!r}")
         if self.block_size not in (8, 16, 32):
             raise ValueError("block_size must be 8, 16 or 32")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

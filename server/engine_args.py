@@ -10,6 +10,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: bundled SmolLM2)")
     group.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--weight-dtype", default=defaults.weight_dtype,
+                       choices=["auto", "float32", "bfloat16", "float16"],
+                       help="dtype the weight matrices are stored in; auto: float16 under float32 compute on the "
+                            "CPU (fbgemm widens them to fp32, so products and sums stay fp32), else --dtype")
     group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda[:N]")
     group.add_argument("--block-size", type=int, default=defaults.block_size, choices=[8, 16, 32])
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
@@ -29,6 +33,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         dtype=args.dtype,
+        weight_dtype=args.weight_dtype,
         device=args.device,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

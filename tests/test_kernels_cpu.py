@@ -1,4 +1,5 @@
-"""The compiled CPU decode kernel against the torch oracle, on random paged layouts."""
+"""The compiled CPU kernels against the torch oracle: decode attention on random paged layouts, and a layer's
+elementwise ops on random rows, including the strided Q/K views of a fused QKV output."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels import cpu, reference
-from kernels.backend import select_attention_ops
+from kernels.backend import select_attention_ops, select_layer_ops
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def compiled():
 @settings(max_examples=40, deadline=None)
 @given(
     block_size=st.sampled_from([8, 16, 32]),
-    head_dim=st.sampled_from([64, 128]),
+    head_dim=st.sampled_from([64, 80, 128]),
     kv_heads=st.sampled_from([1, 2, 3]),
     group=st.sampled_from([1, 3, 4]),
     lengths=st.lists(st.integers(1, 100), min_size=1, max_size=5),
@@ -55,3 +56,53 @@ def test_cpu_tensors_take_the_compiled_kernel_by_default(compiled, monkeypatch):
     monkeypatch.setenv("VIGIL_ATTENTION_BACKEND", "cuda-magic")
     with pytest.raises(ValueError, match="VIGIL_ATTENTION_BACKEND"):
         select_attention_ops(torch.device("cpu"))
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    relative = (actual.float() - expected.float()).abs().max() / expected.float().abs().max()
+    assert relative < (2e-6 if dtype == torch.float32 else 1e-2), relative
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    tokens=st.integers(1, 9),
+    heads=st.sampled_from([(2, 1), (9, 3), (4, 4)]),
+    head_dim=st.sampled_from([8, 64]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_layer_ops_match_the_reference(compiled, tokens, heads, head_dim, dtype, seed):
+    ops = select_layer_ops(torch.device("cpu"))
+    assert ops.name == "cpu"
+    generator = torch.Generator().manual_seed(seed)
+    num_heads, kv_heads = heads
+    width = num_heads * head_dim
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * scale).to(dtype)
+
+    hidden, delta, weight = rand(tokens, width), rand(tokens, width), rand(width)
+    assert_close(ops.rms_norm(hidden, weight, 1e-5), reference.rms_norm(hidden, weight, 1e-5), dtype)
+    expected_hidden, expected_normed = reference.add_rms_norm(hidden, delta, weight, 1e-5)
+    summed, normed = ops.add_rms_norm(hidden.clone(), delta, weight, 1e-5)
+    assert_close(summed, expected_hidden, dtype)
+    assert_close(normed, expected_normed, dtype)
+
+    gate_up = rand(tokens, 2 * width, scale=4.0)  # wide enough to reach SiLU's saturated ends
+    assert_close(ops.silu_mul(gate_up), reference.silu_mul(gate_up), dtype)
+
+    angles = torch.rand(64, head_dim // 2, generator=generator) * 100
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    positions = torch.randint(0, 64, (tokens,), generator=generator)
+    qkv = rand(tokens, (num_heads + 2 * kv_heads) * head_dim)
+    expected_q, expected_k = reference.rotary(
+        positions, qkv[:, :width].view(tokens, num_heads, head_dim),
+        qkv[:, width : width + kv_heads * head_dim].view(tokens, kv_heads, head_dim), cos, sin,
+    )
+    q, k, _ = qkv.split([width, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    rotated_q, rotated_k = ops.rotary(
+        positions, q.view(tokens, num_heads, head_dim), k.view(tokens, kv_heads, head_dim), cos, sin
+    )
+    assert_close(rotated_q, expected_q, dtype)
+    assert_close(rotated_k, expected_k, dtype)

@@ -1,4 +1,5 @@
-"""Greedy generation on the real SmolLM2 weights matches Hugging Face transformers token for token (fp32)."""
+"""Greedy generation on the real SmolLM2 weights matches Hugging Face transformers token for token, in fp32,
+and with the weight matrices held in fp16 (fbgemm) against transformers on the same fp16-rounded weights."""
 
 import pytest
 import torch
@@ -33,6 +34,42 @@ def hf_greedy(model, prompt_ids: list[int], num_tokens: int) -> list[int]:
 @pytest.fixture(scope="module")
 def reference_tokens(llm_fp32, hf_fp32):
     return [hf_greedy(hf_fp32, llm_fp32.tokenizer.encode(p), NUM_TOKENS) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def llm_fp16_weights(smollm_folder):
+    from server import LLM
+
+    return LLM(model=str(smollm_folder), dtype="float32", weight_dtype="float16", kv_cache_memory=64 * 2**20)
+
+
+@pytest.fixture(scope="module")
+def hf_fp16_rounded_weights(smollm_folder):
+    """transformers in fp32 on every weight matrix rounded through fp16: the function fbgemm's fp16-weight GEMM
+    computes, up to the order of its sums."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(smollm_folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.copy_(parameter.half().float())
+    return model
+
+
+def test_fp16_weights_match_transformers_on_the_same_rounded_weights(llm_fp16_weights, hf_fp16_rounded_weights):
+    expected = [hf_greedy(hf_fp16_rounded_weights, llm_fp16_weights.tokenizer.encode(p), NUM_TOKENS) for p in PROMPTS]
+    outputs = llm_fp16_weights.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+def test_fp16_weights_are_the_cpu_default_under_fp32():
+    from server.engine.builder import resolve_weight_dtype
+
+    cpu = torch.device("cpu")
+    assert resolve_weight_dtype("auto", torch.float32, cpu) == torch.float16
+    assert resolve_weight_dtype("auto", torch.bfloat16, cpu) == torch.bfloat16
+    assert resolve_weight_dtype("float32", torch.float32, cpu) == torch.float32
 
 
 def test_one_prompt_at_a_time_matches_transformers(llm_fp32, reference_tokens):

@@ -1,32 +1,98 @@
 // Paged decode attention for the CPU: reads K/V straight from their blocks, with no gathered copy.
 // One task per (sequence, KV head); the task computes every query head of that KV head's group.
-#include <torch/extension.h>
+// The loops are written so that GCC vectorises them at -O3 without -ffast-math: fixed 8-wide partial sums
+// instead of reductions, and a polynomial exp with no library call. fp32 dot products use AVX2 FMA directly.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
+#include <cstdint>
 #include <vector>
+
+#include "vector_math.h"
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
+constexpr int64_t kLanes = 8;
+
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t dim) {
+  float partial[kLanes] = {};
+  for (int64_t d = 0; d < dim; d += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) partial[j] += q[d + j] * static_cast<float>(k[d + j]);
   float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t d = 0; d < dim; ++d) acc += q[d] * static_cast<float>(k[d]);
+  for (int64_t j = 0; j < kLanes; ++j) acc += partial[j];
   return acc;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+template <>
+inline float dot<float>(const float* q, const float* k, int64_t dim) {
+  if (dim % 16 != 0) {
+    float acc = 0.f;
+    for (int64_t d = 0; d < dim; ++d) acc += q[d] * k[d];
+    return acc;
+  }
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (int64_t d = 0; d < dim; d += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+  }
+  const __m256 s = _mm256_add_ps(a0, a1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+#endif
+
 template <typename T>
 inline void axpy(float* out, float weight, const T* v, int64_t dim) {
-#pragma omp simd
   for (int64_t d = 0; d < dim; ++d) out[d] += weight * static_cast<float>(v[d]);
 }
 
+inline void softmax(float* row, int64_t len) {
+  const float peak = *std::max_element(row, row + len);
+  for (int64_t t = 0; t < len; ++t) row[t] = vigil::exp_nonpositive(row[t] - peak);
+  float partial[kLanes] = {};
+  int64_t t = 0;
+  for (; t + kLanes <= len; t += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) partial[j] += row[t + j];
+  float total = 0.f;
+  for (; t < len; ++t) total += row[t];
+  for (int64_t j = 0; j < kLanes; ++j) total += partial[j];
+  const float inverse = 1.f / total;
+  for (int64_t i = 0; i < len; ++i) row[i] *= inverse;
+}
+
+// Visits a sequence's rows of one KV head in token order, block by block. While it reads token i of a block it
+// prefetches token i of the next block: blocks lie anywhere in the pool, so no hardware prefetcher follows them.
+template <typename T, typename Visit>
+inline void for_each_token(const T* cache, const int32_t* table, int64_t len, int64_t block_size,
+                           int64_t block_stride, int64_t token_stride, int64_t head_offset, int64_t dim,
+                           Visit&& visit) {
+  const int64_t num_blocks = (len + block_size - 1) / block_size;
+  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const T* base = cache + table[b] * block_stride + head_offset;
+    const T* next = b + 1 < num_blocks ? cache + table[b + 1] * block_stride + head_offset : nullptr;
+    const int64_t rows = std::min(block_size, len - b * block_size);
+    for (int64_t i = 0; i < rows; ++i) {
+      if (next != nullptr) {
+        const char* ahead = reinterpret_cast<const char*>(next + i * token_stride);
+        for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
+      }
+      visit(b * block_size + i, base + i * token_stride);
+    }
+  }
+}
+
 template <typename T>
-void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-            const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale, torch::Tensor& out) {
+void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, at::Tensor& out) {
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads;
@@ -49,26 +115,17 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
         const T* src = q_ptr + q.stride(0) * seq + q.stride(1) * (kv_head * group + g);
         for (int64_t d = 0; d < dim; ++d) queries[g * dim + d] = static_cast<float>(src[d]) * scale;
       }
-      scores.assign(group * len, 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const T* key = k_ptr + table[t / block_size] * block_stride + (t % block_size) * token_stride +
-                       kv_head * head_stride;
-        for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(&queries[g * dim], key, dim);
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* row = &scores[g * len];
-        const float peak = *std::max_element(row, row + len);
-        float total = 0.f;
-        for (int64_t t = 0; t < len; ++t) total += (row[t] = std::exp(row[t] - peak));
-        const float inverse = 1.f / total;
-        for (int64_t t = 0; t < len; ++t) row[t] *= inverse;
-      }
+      scores.resize(group * len);
+      for_each_token(k_ptr, table, len, block_size, block_stride, token_stride, kv_head * head_stride, dim,
+                     [&](int64_t t, const T* key) {
+                       for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(&queries[g * dim], key, dim);
+                     });
+      for (int64_t g = 0; g < group; ++g) softmax(&scores[g * len], len);
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const T* value = v_ptr + table[t / block_size] * block_stride + (t % block_size) * token_stride +
-                         kv_head * head_stride;
-        for (int64_t g = 0; g < group; ++g) axpy(&acc[g * dim], scores[g * len + t], value, dim);
-      }
+      for_each_token(v_ptr, table, len, block_size, block_stride, token_stride, kv_head * head_stride, dim,
+                     [&](int64_t t, const T* value) {
+                       for (int64_t g = 0; g < group; ++g) axpy(&acc[g * dim], scores[g * len + t], value, dim);
+                     });
       for (int64_t g = 0; g < group; ++g) {
         T* dst = out_ptr + out.stride(0) * seq + out.stride(1) * (kv_head * group + g);
         for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[g * dim + d]);
@@ -79,21 +136,18 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
 
 }  // namespace
 
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
+at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                     at::Tensor block_tables, at::Tensor seq_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q is [seqs, heads, dim], caches are [blocks, size, kv_heads, dim]");
   TORCH_CHECK(k_cache.strides() == v_cache.strides(), "K and V caches must share a layout");
   TORCH_CHECK(k_cache.stride(3) == 1 && q.stride(2) == 1, "head_dim must be contiguous");
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
-  auto tables = block_tables.to(torch::kInt32).contiguous();
-  auto lens = seq_lens.to(torch::kInt32).contiguous();
-  auto out = torch::empty_like(q);
+  TORCH_CHECK(q.size(2) % kLanes == 0, "head_dim must be a multiple of 8");
+  auto tables = block_tables.to(at::kInt).contiguous();
+  auto lens = seq_lens.to(at::kInt).contiguous();
+  auto out = at::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
     decode<scalar_t>(q, k_cache, v_cache, tables, lens, scale, out);
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU)");
 }

@@ -30,7 +30,8 @@ WARM_UP_TOKENS = 4
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
     """The engine flags of this run, for the server subprocess."""
-    flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size),
+    flags = ["--dtype", args.dtype, "--weight-dtype", args.weight_dtype, "--device", args.device,
+             "--block-size", str(args.block_size),
              "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
              "--kv-cache-memory", str(args.kv_cache_memory),
              "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--max-queue-len", str(args.max_queue_len)]

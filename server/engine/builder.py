@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.backend import select_attention_ops
+from kernels.backend import select_attention_ops, select_layer_ops
 from server.config import EngineConfig
 from server.engine.block_manager import BlockManager
 from server.engine.model_runner import ModelRunner, kv_bytes_per_block
 from server.engine.scheduler import Scheduler, SchedulerConfig
 from server.engine.stats import CacheInfo
 from server.models.config import ModelConfig
+from server.models.linear import fp16_weight_gemm_available
 from server.models.llama import LlamaModel
 from server.models.loader import load_weights, resolve_model_folder
 from server.models.tokenizer import Tokenizer
@@ -51,6 +52,15 @@ def resolve_dtype(name: str, model_config: ModelConfig, device: torch.device) ->
     return dtype
 
 
+def resolve_weight_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """``auto`` stores weights in fp16 where the CPU computes in fp32 and fbgemm is there, else in ``dtype``."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu" and dtype == torch.float32 and fp16_weight_gemm_available():
+        return torch.float16
+    return dtype
+
+
 def count_kv_blocks(config: EngineConfig, bytes_per_block: int, device: torch.device) -> int:
     """CPU: ``--kv-cache-memory``. CUDA: what ``--gpu-memory-utilization`` leaves after the weights."""
     if device.type == "cuda":
@@ -71,16 +81,18 @@ def build_engine(engine_cls: type["LLMEngine"], config: EngineConfig) -> "LLMEng
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, model_config, device)
     weights = {name: w.to(device) for name, w in load_weights(folder, dtype).items()}
+    weight_dtype = resolve_weight_dtype(config.weight_dtype, dtype, device)
     ops = select_attention_ops(device)
-    model = LlamaModel(model_config, weights, ops, device)
+    model = LlamaModel(model_config, weights, ops, select_layer_ops(device), device, weight_dtype)
+    del weights
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                         model_config.max_position_embeddings)
     bytes_per_block = kv_bytes_per_block(model_config, config.block_size, dtype)
     num_blocks = count_kv_blocks(config, bytes_per_block, device)
     cache_info = CacheInfo(num_blocks, config.block_size, bytes_per_block, str(device))
     logger.info(
-        "KV cache: %d blocks of %d tokens (%.1f MiB) on %s, %s, attention backend %s",
-        num_blocks, config.block_size, cache_info.total_bytes / 2**20, device, dtype, ops.name,
+        "KV cache: %d blocks of %d tokens (%.1f MiB) on %s, %s (weights %s), attention backend %s",
+        num_blocks, config.block_size, cache_info.total_bytes / 2**20, device, dtype, weight_dtype, ops.name,
     )
     runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)

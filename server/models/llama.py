@@ -5,8 +5,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import AttentionOps
+from kernels.backend import AttentionOps, LayerOps
 from server.models.config import ModelConfig
+from server.models.linear import Linear, make_linear
 
 
 @dataclass
@@ -29,26 +30,16 @@ class AttentionMetadata:
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    o_proj: torch.Tensor
+    qkv: Linear
+    o_proj: Linear
     post_attention_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """As Hugging Face computes it: normalise in fp32, cast back, then scale."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    gate_up: Linear
+    down: Linear
 
 
 class RotaryEmbedding:
+    """cos and sin of every position's angles, fp32 ``[max_positions, head_dim]``, halves repeated."""
+
     def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device) -> None:
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
@@ -56,38 +47,48 @@ class RotaryEmbedding:
         self.cos = angles.cos().to(device)
         self.sin = angles.sin().to(device)
 
-    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        cos = self.cos[positions].to(q.dtype)[:, None, :]
-        sin = self.sin[positions].to(q.dtype)[:, None, :]
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
 class LlamaModel:
-    """Weights as plain tensors; Q/K/V and gate/up are fused so that each layer runs four GEMMs."""
+    """Norms as plain tensors and weight matrices as ``Linear``s in ``weight_dtype``; Q/K/V and gate/up are
+    fused so that each layer runs four GEMMs. Every weight matrix, the embedding table included, is held in
+    ``weight_dtype``; everything else computes in the dtype of ``weights``."""
 
     def __init__(
-        self, config: ModelConfig, weights: dict[str, torch.Tensor], ops: AttentionOps, device: torch.device
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        ops: AttentionOps,
+        layer_ops: LayerOps,
+        device: torch.device,
+        weight_dtype: torch.dtype,
     ) -> None:
         self.config = config
         self.ops = ops
+        self.layer_ops = layer_ops
         self.scale = config.head_dim**-0.5
-        self.embed_tokens = weights["model.embed_tokens.weight"]
+        embed_tokens = weights["model.embed_tokens.weight"]
+        self.dtype = embed_tokens.dtype
+        self.weight_dtype = weight_dtype
+        self.embed_tokens = embed_tokens.to(weight_dtype)
         self.norm = weights["model.norm.weight"]
-        self.lm_head = weights.get("lm_head.weight", self.embed_tokens)
-        self.layers = [self._layer_weights(weights, i) for i in range(config.num_hidden_layers)]
+        self.lm_head = make_linear(weights.get("lm_head.weight", embed_tokens), weight_dtype)
+        self.layers = [self._layer_weights(weights, i, weight_dtype) for i in range(config.num_hidden_layers)]
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
 
     @staticmethod
-    def _layer_weights(weights: dict[str, torch.Tensor], index: int) -> LayerWeights:
+    def _layer_weights(weights: dict[str, torch.Tensor], index: int, weight_dtype: torch.dtype) -> LayerWeights:
         prefix = f"model.layers.{index}."
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
         return LayerWeights(
             input_norm=weights[prefix + "input_layernorm.weight"],
-            qkv=torch.cat([weights[attn + f"{n}_proj.weight"] for n in "qkv"]),
-            o_proj=weights[attn + "o_proj.weight"],
+            qkv=make_linear(torch.cat([weights[attn + f"{n}_proj.weight"] for n in "qkv"]), weight_dtype),
+            o_proj=make_linear(weights[attn + "o_proj.weight"], weight_dtype),
             post_attention_norm=weights[prefix + "post_attention_layernorm.weight"],
-            gate_up=torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]),
-            down=weights[mlp + "down_proj.weight"],
+            gate_up=make_linear(
+                torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]), weight_dtype
+            ),
+            down=make_linear(weights[mlp + "down_proj.weight"], weight_dtype),
         )
 
     @torch.inference_mode()
@@ -99,18 +100,19 @@ class LlamaModel:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states after the final norm, one row per input token."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            normed = rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps)
+        hidden = F.embedding(input_ids, self.embed_tokens).to(self.dtype)
+        ops, eps = self.layer_ops, self.config.rms_norm_eps
+        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
+        normed = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
+        for layer, next_norm, (k_cache, v_cache) in zip(self.layers, next_norms, kv_caches, strict=True):
             attended = self._attention(layer, normed, positions, k_cache, v_cache, meta)
-            hidden = hidden + F.linear(attended, layer.o_proj)
-            normed = rms_norm(hidden, layer.post_attention_norm, self.config.rms_norm_eps)
-            gate, up = F.linear(normed, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
-        return rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+            hidden, normed = ops.add_rms_norm(hidden, layer.o_proj(attended), layer.post_attention_norm, eps)
+            mlp_out = layer.down(ops.silu_mul(layer.gate_up(normed)))
+            hidden, normed = ops.add_rms_norm(hidden, mlp_out, next_norm, eps)
+        return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head)
+        return self.lm_head(hidden)
 
     def _attention(
         self,
@@ -125,11 +127,11 @@ class LlamaModel:
         num_tokens = x.shape[0]
         q_size = cfg.num_attention_heads * cfg.head_dim
         kv_size = cfg.num_key_value_heads * cfg.head_dim
-        q, k, v = F.linear(x, layer.qkv).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = layer.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(num_tokens, cfg.num_attention_heads, cfg.head_dim)
         k = k.view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
         v = v.view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
-        q, k = self.rotary(positions, q, k)
+        q, k = self.layer_ops.rotary(positions, q, k, self.rotary.cos, self.rotary.sin)
         self.ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_decode = meta.num_decode_tokens
         if num_decode == num_tokens:

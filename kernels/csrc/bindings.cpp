@@ -1,0 +1,17 @@
+// The Python module of the CPU kernels: one extension, built once by kernels/cpu.py.
+#include <torch/extension.h>
+
+at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                     at::Tensor block_tables, at::Tensor seq_lens, double scale);
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
+at::Tensor add_rms_norm_(at::Tensor hidden, at::Tensor delta, at::Tensor weight, double eps);
+void rotary_(at::Tensor q, at::Tensor k, at::Tensor positions, at::Tensor cos, at::Tensor sin);
+at::Tensor silu_mul(at::Tensor gate_up);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU)");
+  m.def("rms_norm", &rms_norm, "RMSNorm over rows");
+  m.def("add_rms_norm_", &add_rms_norm_, "hidden += delta in place, then RMSNorm of hidden");
+  m.def("rotary_", &rotary_, "Rotary embedding in place on q and k");
+  m.def("silu_mul", &silu_mul, "SiLU(gate) * up of a fused gate/up row");
+}
