@@ -649,6 +649,16 @@ def service() -> dict:
                 min_value=0,
                 max_value=1,
             ),
+            timeseries(
+                "KV cache waste",
+                "Share of the KV slots held by running requests that hold no token yet: the unfilled tail of "
+                "each request's last block. Paged allocation keeps it to a few percent.",
+                [target(series("vigil_kv_cache_waste_ratio"), "{{model}} {{instance}}")],
+                "percentunit",
+                width=12,
+                min_value=0,
+                max_value=1,
+            ),
         ],
     )
 
@@ -681,6 +691,22 @@ def model() -> dict:
                 quantile_targets("vigil_request_decode_speed_tokens_per_second", (0.1, 0.5, 0.9), exemplar=False),
                 TOKENS_PER_SECOND,
                 limits=thresholds("red", SLO_OUTPUT_SPEED_P50, "green"),
+            ),
+            timeseries(
+                "Model FLOPs utilisation",
+                "The model's FLOPs per second of engine-busy time over the device's torch.mm peak in the "
+                "model's dtype (measured at start), over the last 10 s; and the FLOPs rate itself.",
+                [
+                    target(series("vigil_model_flops_utilization_ratio"), "MFU {{model}} {{instance}}"),
+                    target(
+                        f"sum by (model) ({rate('vigil_model_flops_total')}) / "
+                        f"sum by (model) ({series('vigil_matmul_peak_flops_per_second')})",
+                        "FLOPs rate / peak {{model}}",
+                    ),
+                ],
+                "percentunit",
+                width=24,
+                min_value=0,
             ),
             row("Requests"),
             heatmap("Prompt length distribution", "Prompt tokens per request.", "vigil_request_prompt_tokens", "short"),

@@ -66,6 +66,9 @@ def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-requests", action="store_true", help="put generated text in request_finished logs")
     group.add_argument("--hardware-interval", type=float, default=5.0,
                        help="seconds between GPU and host samples")
+    group.add_argument("--matmul-peak-flops", type=float, default=None,
+                       help="the torch.mm peak (FLOP/s) that model FLOPs utilisation is measured against; "
+                            "measured at start when not given, 0 leaves MFU out")
     group.add_argument("--latency-buckets", type=_buckets, default=LATENCY_BUCKETS,
                        help="comma-separated upper bounds, in seconds, for the latency histograms")
 
@@ -80,6 +83,7 @@ def _buckets(text: str) -> tuple[float, ...]:
 def build_telemetry(args: argparse.Namespace, engine: "LLMEngine", model: str) -> "Telemetry | None":
     if args.disable_telemetry:
         return None
+    from kernels.matmul_peak import measure_matmul_peak
     from telemetry.service import Telemetry, TelemetryConfig
 
     config = TelemetryConfig(
@@ -89,6 +93,8 @@ def build_telemetry(args: argparse.Namespace, engine: "LLMEngine", model: str) -
         otlp_protocol=args.otlp_protocol,
         log_requests=args.log_requests,
         latency_buckets=args.latency_buckets,
+        matmul_peak_flops=measure_matmul_peak(engine.runner.model.dtype, engine.runner.device)
+        if args.matmul_peak_flops is None else args.matmul_peak_flops,
     )
     return Telemetry(config, engine)
 

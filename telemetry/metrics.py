@@ -96,6 +96,9 @@ class VigilMetrics:
         )
         self.kv_cache_usage = gauge("vigil_kv_cache_usage_ratio", "Share of KV cache blocks in use.")
         self.kv_cache_blocks = gauge("vigil_kv_cache_blocks", "KV cache blocks by state.", ("model", "state"))
+        self.kv_cache_waste = gauge(
+            "vigil_kv_cache_waste_ratio", "Share of the KV slots held by running requests that hold no token yet."
+        )
         self.preemptions = counter("vigil_preemptions_total", "Requests preempted (by recompute).")
         self.prefix_cache_queries = counter(
             "vigil_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."
@@ -108,6 +111,16 @@ class VigilMetrics:
         self.generation_tokens = counter("vigil_generation_tokens_total", "Output tokens generated.")
         self.generation_throughput = gauge(
             "vigil_generation_throughput_tokens_per_second", "Output tokens per second over the last 10 s."
+        )
+        self.model_flops = counter(
+            "vigil_model_flops_total", "Floating-point operations of the model's forward passes."
+        )
+        self.matmul_peak = gauge(
+            "vigil_matmul_peak_flops_per_second", "The device's torch.mm peak in the model's dtype, measured at start."
+        )
+        self.flops_utilization = gauge(
+            "vigil_model_flops_utilization_ratio",
+            "Model FLOPs per second of engine-busy time over the matmul peak, over the last 10 s.",
         )
         self.request_prompt_tokens = histogram(
             "vigil_request_prompt_tokens", "Prompt length per request.", TOKEN_COUNT_BUCKETS

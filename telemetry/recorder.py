@@ -30,6 +30,7 @@ class StatsRecorder:
         eos_token_ids: Sequence[int] = (),
         decode_tokens: Callable[[Sequence[int]], str] | None = None,
         stats_log_interval_s: float = STATS_LOG_INTERVAL_S,
+        matmul_peak_flops: float | None = None,
     ) -> None:
         self.metrics = metrics
         self.tracer = tracer
@@ -39,6 +40,11 @@ class StatsRecorder:
         self.stats_log_interval_s = stats_log_interval_s
         self._generation_rate = WindowedRate()
         self._prompt_rate = WindowedRate()
+        self._flops = WindowedRate()
+        self._busy_seconds = WindowedRate()
+        self.matmul_peak_flops = matmul_peak_flops
+        if matmul_peak_flops:
+            metrics.matmul_peak.labels(metrics.model).set(matmul_peak_flops)
         self._lock = threading.Lock()
         self._interval = _IntervalTotals()
         self._last_stats_log = time.monotonic()
@@ -51,17 +57,19 @@ class StatsRecorder:
             m.batch_size.labels(model), m.batch_tokens.labels(model), m.step_duration.labels(model),
             m.preemptions.labels(model), m.prefix_cache_queries.labels(model), m.prefix_cache_hits.labels(model),
             m.prompt_tokens.labels(model), m.generation_tokens.labels(model),
-            m.inter_token_latency.labels(model),
+            m.inter_token_latency.labels(model), m.kv_cache_waste.labels(model), m.model_flops.labels(model),
         )
 
     def on_step(self, stats: StepStats) -> None:
         (running, waiting, usage, used, free, batch_size, batch_tokens, step_duration, preemptions,
-         prefix_queries, prefix_hits, prompt_tokens, generation_tokens, itl) = self._step_metrics
+         prefix_queries, prefix_hits, prompt_tokens, generation_tokens, itl, waste, flops) = self._step_metrics
         running.set(stats.num_running)
         waiting.set(stats.num_waiting)
         usage.set(stats.num_kv_blocks_used / stats.num_kv_blocks_total)
         used.set(stats.num_kv_blocks_used)
         free.set(stats.num_kv_blocks_total - stats.num_kv_blocks_used)
+        waste.set(stats.kv_cache_waste_ratio)
+        flops.inc(stats.model_flops)
         if stats.num_scheduled_seqs:
             batch_size.observe(stats.num_scheduled_seqs)
             batch_tokens.observe(stats.num_scheduled_tokens)
@@ -82,6 +90,9 @@ class StatsRecorder:
         with self._lock:
             self._generation_rate.add(stats.timestamp, stats.num_generation_tokens)
             self._prompt_rate.add(stats.timestamp, stats.num_prompt_tokens)
+            if stats.num_scheduled_seqs:
+                self._flops.add(stats.timestamp, stats.model_flops)
+                self._busy_seconds.add(stats.timestamp, stats.step_duration_s)
             self._interval.add(stats)
             self._last_step = stats
 
@@ -90,12 +101,16 @@ class StatsRecorder:
         with self._lock:
             generation_rate = self._generation_rate.rate(now)
             prompt_rate = self._prompt_rate.rate(now)
+            flops, busy_seconds = self._flops.total(now), self._busy_seconds.total(now)
             due = now - self._last_stats_log >= self.stats_log_interval_s
             interval, last = (self._interval, self._last_step) if due else (None, None)
             if due:
                 self._interval = _IntervalTotals()
                 self._last_stats_log = now
         self.metrics.generation_throughput.labels(self.metrics.model).set(generation_rate)
+        if self.matmul_peak_flops:
+            utilization = flops / busy_seconds / self.matmul_peak_flops if busy_seconds else 0.0
+            self.metrics.flops_utilization.labels(self.metrics.model).set(utilization)
         if interval is not None and interval.active and last is not None:
             self.log.info(
                 "engine_stats",

@@ -21,6 +21,7 @@ class TelemetryConfig:
     otlp_protocol: str = "grpc"
     log_requests: bool = False
     latency_buckets: Sequence[float] = LATENCY_BUCKETS
+    matmul_peak_flops: float | None = None
 
 
 class Telemetry:
@@ -42,6 +43,7 @@ class Telemetry:
             self.tracer,
             engine.eos_token_ids,
             decode_tokens=tokenizer.decode if config.log_requests else None,
+            matmul_peak_flops=config.matmul_peak_flops,
         )
         self.sampler = HardwareSampler(self.metrics, config.hardware_interval_s, on_tick=[self.recorder.tick])
         engine.stats_listeners.append(self.recorder.on_step)

@@ -6,6 +6,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from server.engine.flops import ModelFlops
+from server.models.config import ModelConfig
 from tests.api_server import APIServer
 
 KEY = "sk-telemetry-test"
@@ -133,3 +135,21 @@ def test_openmetrics_exposition_carries_no_exemplars_without_tracing(server):
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.rstrip().endswith("# EOF")
     assert "trace_id" not in response.text
+
+
+def test_model_flops_count_every_token_of_the_requests_sent(traffic, smollm_folder):
+    """Each request computes prompt + completion - 1 tokens, token i seeing i + 1 keys; readiness canaries
+    (one prompt token, one output token) may add their own, whole."""
+    flops = ModelFlops.of(ModelConfig.from_folder(smollm_folder))
+    expected = 0
+    for result in traffic[2]:
+        usage = result["usage"]
+        computed = usage["prompt_tokens"] + usage["completion_tokens"] - 1
+        expected += computed * flops.per_token + computed * (computed + 1) // 2 * flops.per_attended_key
+        expected += usage["completion_tokens"] * flops.per_sampled_token
+    canary = flops.per_token + flops.per_attended_key + flops.per_sampled_token
+    extra = rise(traffic, "vigil_model_flops_total", model="smollm") - expected
+    assert extra >= 0 and extra % canary == 0, extra
+    after = traffic[1]
+    assert value(after, "vigil_matmul_peak_flops_per_second", model="smollm") > 1e9
+    assert 0 <= value(after, "vigil_kv_cache_waste_ratio", model="smollm") < 1

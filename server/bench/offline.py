@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.matmul_peak import measure_matmul_peak
 from server.engine.engine import LLMEngine
 from server.engine.request import SamplingParams
+from server.engine.stats import StepStats
 from server.engine_args import engine_config_from_args
 
 
@@ -39,6 +41,35 @@ def time_engine(engine: LLMEngine, prompts: list[list[int]], output_len: int) ->
     return Throughput("vigil engine", produced, time.perf_counter() - started)
 
 
+@dataclass(frozen=True)
+class StepProfile:
+    """What the engine's own stats say about a timed run."""
+
+    decode_batch: int
+    decode_steps: int
+    decode_flops_per_second: float
+    all_flops_per_second: float
+    mean_kv_waste_ratio: float
+
+    @classmethod
+    def of(cls, steps: list[StepStats], decode_batch: int) -> "StepProfile":
+        """Decode figures come from the steps that decode the whole batch and prefill nothing."""
+        decodes = [s for s in steps if s.num_decode_seqs == decode_batch and not s.num_prefill_seqs]
+        busy = [s for s in steps if s.num_scheduled_seqs]
+
+        def flops_per_second(chosen: list[StepStats]) -> float:
+            seconds = sum(s.step_duration_s for s in chosen)
+            return sum(s.model_flops for s in chosen) / seconds if seconds else 0.0
+
+        return cls(
+            decode_batch=decode_batch,
+            decode_steps=len(decodes),
+            decode_flops_per_second=flops_per_second(decodes),
+            all_flops_per_second=flops_per_second(busy),
+            mean_kv_waste_ratio=sum(s.kv_cache_waste_ratio for s in decodes) / len(decodes) if decodes else 0.0,
+        )
+
+
 def time_transformers(model, prompts: list[list[int]], output_len: int, batch_size: int, label: str) -> Throughput:
     produced = 0
     started = time.perf_counter()
@@ -58,10 +89,16 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine.from_config(config)
     prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed)
     time_engine(engine, prompts[:4], 8)
+    steps: list[StepStats] = []
+    engine.stats_listeners.append(steps.append)
     results = [time_engine(engine, prompts, args.output_len)]
+    engine.stats_listeners.clear()
+    profile = StepProfile.of(steps, min(len(prompts), engine.config.max_num_seqs))
+    peak = measure_matmul_peak(engine.runner.model.dtype, engine.runner.device)
     if not args.skip_hf:
         results += hf_results(args, engine, prompts)
     print_table(results, engine)
+    print_profile(profile, peak, engine)
     return 0
 
 
@@ -83,11 +120,22 @@ def hf_results(args: argparse.Namespace, engine: LLMEngine, prompts: list[list[i
 
 def print_table(results: list[Throughput], engine: LLMEngine) -> None:
     engine_result = results[0]
-    dtype = engine.runner.kv_caches[0][0].dtype
-    print(f"\nbench offline: {engine.config.model or 'bundled SmolLM2-135M-Instruct'}, {dtype}, "
-          f"{torch.get_num_threads()} threads")
+    model = engine.runner.model
+    print(f"\nbench offline: {engine.config.model or 'bundled SmolLM2-135M-Instruct'}, {model.dtype} "
+          f"(weights {model.weight_dtype}), {torch.get_num_threads()} threads")
     print(f"{'':34} {'output tok/s':>12} {'tokens':>8} {'seconds':>8} {'vigil ÷ this':>13}")
     for result in results:
         ratio = engine_result.tokens_per_second / result.tokens_per_second
         print(f"{result.label:34} {result.tokens_per_second:12.1f} {result.output_tokens:8d} "
               f"{result.seconds:8.2f} {ratio:12.2f}x")
+
+
+def print_profile(profile: StepProfile, peak: float, engine: LLMEngine) -> None:
+    dtype = engine.runner.model.dtype
+    print(f"\ntorch.mm peak, 2048^3 in {dtype}: {peak / 1e9:.1f} GFLOP/s")
+    print(f"decode steps at batch {profile.decode_batch} ({profile.decode_steps} steps): "
+          f"{profile.decode_flops_per_second / 1e9:.1f} GFLOP/s, MFU {profile.decode_flops_per_second / peak:.1%}")
+    print(f"all steps, prefill included: {profile.all_flops_per_second / 1e9:.1f} GFLOP/s, "
+          f"MFU {profile.all_flops_per_second / peak:.1%}")
+    print(f"KV memory waste over those decode steps (block size {engine.cache_info.block_size}): "
+          f"{profile.mean_kv_waste_ratio:.2%}")

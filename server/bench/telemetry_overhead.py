@@ -40,9 +40,10 @@ def render_time(num_requests: int) -> tuple[float, int]:
         finished = [synthetic_finished(i) for i in range(first, min(first + 100, num_requests))]
         recorder.on_step(StepStats(
             timestamp=time.monotonic(), step_duration_s=0.02, num_running=64, num_waiting=0,
-            num_kv_blocks_used=100, num_kv_blocks_total=1000, num_scheduled_tokens=64, num_prefill_seqs=0,
+            num_kv_blocks_used=100, num_kv_blocks_total=1000, num_kv_slots_held=1600, num_kv_slots_filled=1560,
+            num_scheduled_tokens=64, num_prefill_seqs=0,
             num_decode_seqs=64, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0,
-            num_prompt_tokens=0, num_generation_tokens=64, finished=finished,
+            num_prompt_tokens=0, num_generation_tokens=64, model_flops=17 * 10**9, finished=finished,
         ))
     timings = []
     for _ in range(20):

@@ -5,6 +5,7 @@ import time
 from collections.abc import Callable
 
 from server.config import EngineConfig
+from server.engine.flops import ModelFlops
 from server.engine.model_runner import ModelRunner
 from server.engine.output_processor import OutputProcessor
 from server.engine.repetition import RepetitionDetector
@@ -38,6 +39,7 @@ class LLMEngine:
         self.cache_info = cache_info
         self.max_model_len = max_model_len
         self.output_processor = OutputProcessor(tokenizer)
+        self.model_flops = ModelFlops.of(model_config)
         self.requests: dict[str, Request] = {}
         self.stats_listeners: list[StatsListener] = []
         self._pending_events: list[RequestEvent] = []
@@ -181,13 +183,16 @@ class LLMEngine:
         prompt_tokens = sum(s.num_prompt_tokens for s in scheduled.scheduled)
         num_decode = sum(1 for s in scheduled.scheduled if s.is_decode)
         block_manager = self.scheduler.block_manager
+        running = self.scheduler.running
         return StepStats(
             timestamp=now,
             step_duration_s=now - started,
-            num_running=len(self.scheduler.running),
+            num_running=len(running),
             num_waiting=len(self.scheduler.waiting),
             num_kv_blocks_used=block_manager.num_used_blocks,
             num_kv_blocks_total=block_manager.num_blocks,
+            num_kv_slots_held=sum(len(r.block_ids) for r in running) * block_manager.block_size,
+            num_kv_slots_filled=sum(r.num_computed_tokens for r in running),
             num_scheduled_tokens=scheduled.num_scheduled_tokens,
             num_prefill_seqs=len(scheduled.scheduled) - num_decode,
             num_decode_seqs=num_decode,
@@ -196,6 +201,7 @@ class LLMEngine:
             prefix_cache_hits=scheduled.prefix_cache_hits,
             num_prompt_tokens=prompt_tokens,
             num_generation_tokens=len(received),
+            model_flops=self.model_flops.of_step(scheduled),
             inter_token_latencies_s=inter_token_latencies,
             events=events,
             finished=list(self._pending_finished),

@@ -60,6 +60,8 @@ class StepStats:
     num_waiting: int
     num_kv_blocks_used: int
     num_kv_blocks_total: int
+    num_kv_slots_held: int
+    num_kv_slots_filled: int
     num_scheduled_tokens: int
     num_prefill_seqs: int
     num_decode_seqs: int
@@ -68,6 +70,7 @@ class StepStats:
     prefix_cache_hits: int
     num_prompt_tokens: int
     num_generation_tokens: int
+    model_flops: int
     inter_token_latencies_s: list[float] = field(default_factory=list)
     events: list[RequestEvent] = field(default_factory=list)
     finished: list[FinishedRequestStats] = field(default_factory=list)
@@ -75,3 +78,11 @@ class StepStats:
     @property
     def num_scheduled_seqs(self) -> int:
         return self.num_prefill_seqs + self.num_decode_seqs
+
+    @property
+    def kv_cache_waste_ratio(self) -> float:
+        """Slots held by running requests but not yet filled, over the slots they hold (shared blocks count once
+        per holder on both sides)."""
+        if not self.num_kv_slots_held:
+            return 0.0
+        return 1.0 - self.num_kv_slots_filled / self.num_kv_slots_held
