@@ -1,5 +1,5 @@
 // Paged decode attention for the CPU: reads K/V straight from their blocks, with no gathered copy.
-// One task per (sequence, KV head); the task computes every query head of that KV head's group.
+// A task computes every query head of a sequence's KV heads (all of them, or one when sequences are few).
 // The loops are written so that GCC vectorises them at -O3 without -ffast-math: fixed 8-wide partial sums
 // instead of reductions, and a polynomial exp with no library call. fp32 dot products use AVX2 FMA directly.
 #include <ATen/ATen.h>
@@ -68,17 +68,16 @@ inline void softmax(float* row, int64_t len) {
   for (int64_t i = 0; i < len; ++i) row[i] *= inverse;
 }
 
-// Visits a sequence's rows of one KV head in token order, block by block. While it reads token i of a block it
-// prefetches token i of the next block: blocks lie anywhere in the pool, so no hardware prefetcher follows them.
+// Visits a sequence's token rows (every KV head of a token, contiguous) block by block. While it reads token i
+// of a block it prefetches token i of the next block: blocks lie anywhere in the pool, so no hardware
+// prefetcher follows them.
 template <typename T, typename Visit>
 inline void for_each_token(const T* cache, const int32_t* table, int64_t len, int64_t block_size,
-                           int64_t block_stride, int64_t token_stride, int64_t head_offset, int64_t dim,
-                           Visit&& visit) {
+                           int64_t block_stride, int64_t token_stride, int64_t row_bytes, Visit&& visit) {
   const int64_t num_blocks = (len + block_size - 1) / block_size;
-  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const T* base = cache + table[b] * block_stride + head_offset;
-    const T* next = b + 1 < num_blocks ? cache + table[b + 1] * block_stride + head_offset : nullptr;
+    const T* base = cache + table[b] * block_stride;
+    const T* next = b + 1 < num_blocks ? cache + table[b + 1] * block_stride : nullptr;
     const int64_t rows = std::min(block_size, len - b * block_size);
     for (int64_t i = 0; i < rows; ++i) {
       if (next != nullptr) {
@@ -98,6 +97,11 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int64_t group = num_heads / num_kv_heads;
   const int64_t table_width = block_tables.size(1);
   const int64_t token_stride = k_cache.stride(1), block_stride = k_cache.stride(0), head_stride = k_cache.stride(2);
+  // A task is a sequence and a run of its KV heads. Whole sequences read each token row in one sweep, which
+  // streams best; with few sequences, single heads keep every thread busy.
+  const int64_t heads_per_task = num_seqs >= 4 * at::get_num_threads() ? num_kv_heads : 1;
+  const int64_t tasks_per_seq = num_kv_heads / heads_per_task;
+  const int64_t row_bytes = ((heads_per_task - 1) * head_stride + dim) * static_cast<int64_t>(sizeof(T));
   const T* q_ptr = q.data_ptr<T>();
   const T* k_ptr = k_cache.data_ptr<T>();
   const T* v_ptr = v_cache.data_ptr<T>();
@@ -105,30 +109,34 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   T* out_ptr = out.data_ptr<T>();
 
-  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> queries(group * dim), scores, acc(group * dim);
+  at::parallel_for(0, num_seqs * tasks_per_seq, 1, [&](int64_t begin, int64_t end) {
+    const int64_t task_heads = heads_per_task * group;
+    std::vector<float> queries(task_heads * dim), scores, acc(task_heads * dim);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t seq = task / num_kv_heads, kv_head = task % num_kv_heads;
+      const int64_t seq = task / tasks_per_seq, first_kv_head = (task % tasks_per_seq) * heads_per_task;
       const int64_t len = lens[seq];
       const int32_t* table = tables + seq * table_width;
-      for (int64_t g = 0; g < group; ++g) {
-        const T* src = q_ptr + q.stride(0) * seq + q.stride(1) * (kv_head * group + g);
-        for (int64_t d = 0; d < dim; ++d) queries[g * dim + d] = static_cast<float>(src[d]) * scale;
+      const int64_t head_offset = first_kv_head * head_stride;
+      for (int64_t h = 0; h < task_heads; ++h) {
+        const T* src = q_ptr + q.stride(0) * seq + q.stride(1) * (first_kv_head * group + h);
+        for (int64_t d = 0; d < dim; ++d) queries[h * dim + d] = static_cast<float>(src[d]) * scale;
       }
-      scores.resize(group * len);
-      for_each_token(k_ptr, table, len, block_size, block_stride, token_stride, kv_head * head_stride, dim,
-                     [&](int64_t t, const T* key) {
-                       for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(&queries[g * dim], key, dim);
+      scores.resize(task_heads * len);
+      for_each_token(k_ptr + head_offset, table, len, block_size, block_stride, token_stride, row_bytes,
+                     [&](int64_t t, const T* row) {
+                       for (int64_t h = 0; h < task_heads; ++h)
+                         scores[h * len + t] = dot(&queries[h * dim], row + (h / group) * head_stride, dim);
                      });
-      for (int64_t g = 0; g < group; ++g) softmax(&scores[g * len], len);
+      for (int64_t h = 0; h < task_heads; ++h) softmax(&scores[h * len], len);
       std::fill(acc.begin(), acc.end(), 0.f);
-      for_each_token(v_ptr, table, len, block_size, block_stride, token_stride, kv_head * head_stride, dim,
-                     [&](int64_t t, const T* value) {
-                       for (int64_t g = 0; g < group; ++g) axpy(&acc[g * dim], scores[g * len + t], value, dim);
+      for_each_token(v_ptr + head_offset, table, len, block_size, block_stride, token_stride, row_bytes,
+                     [&](int64_t t, const T* row) {
+                       for (int64_t h = 0; h < task_heads; ++h)
+                         axpy(&acc[h * dim], scores[h * len + t], row + (h / group) * head_stride, dim);
                      });
-      for (int64_t g = 0; g < group; ++g) {
-        T* dst = out_ptr + out.stride(0) * seq + out.stride(1) * (kv_head * group + g);
-        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[g * dim + d]);
+      for (int64_t h = 0; h < task_heads; ++h) {
+        T* dst = out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h);
+        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[h * dim + d]);
       }
     }
   });
