@@ -4,10 +4,11 @@ render /metrics once 10,000 finished requests have been recorded."""
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from server.bench.offline import random_prompts, time_engine
+from server.bench.offline import random_prompts, time_engine, warm_up
 from server.engine.engine import LLMEngine
 from server.engine.request import SamplingParams
 from server.engine.stats import FinishedRequestStats, StepStats
@@ -28,6 +29,23 @@ def synthetic_finished(index: int) -> FinishedRequestStats:
         sampling_params=SamplingParams(temperature=(index % 20) / 10, top_p=0.9, max_tokens=64),
         output_token_ids=tokens,
     )
+
+
+class Timed:
+    """Wraps a callable and counts the time spent in it."""
+
+    def __init__(self, function: Callable) -> None:
+        self.function = function
+        self.seconds = 0.0
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self.function(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.calls += 1
 
 
 def render_time(num_requests: int) -> tuple[float, int]:
@@ -56,15 +74,23 @@ def render_time(num_requests: int) -> tuple[float, int]:
 def run(args: argparse.Namespace) -> int:
     configure_logging("console", "WARNING")  # one request_finished line per request would drown the figures
     engine = LLMEngine.from_config(engine_config_from_args(args))
-    prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed)
     recorder = StatsRecorder(VigilMetrics("bench", CollectorRegistry()), eos_token_ids=engine.eos_token_ids)
-    time_engine(engine, prompts[:4], 8)
+    warm_up(engine, args)
     rates: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(args.rounds):
+    recording = Timed(recorder.on_step)
+    # The engine builds its stats objects only while someone listens: that share is telemetry's too.
+    building = engine._step_stats = Timed(engine._step_stats)
+    engine_seconds = 0.0
+    for round_index in range(args.rounds):
         for telemetry_on in (True, False):
+            # Fresh prompts every time, so that no side finds the other's in the prefix cache.
+            seed = args.seed + 2 * round_index + telemetry_on
+            prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, seed)
             if telemetry_on:
-                engine.stats_listeners.append(recorder.on_step)
-            rates[telemetry_on].append(time_engine(engine, prompts, args.output_len).tokens_per_second)
+                engine.stats_listeners.append(recording)
+            result = time_engine(engine, prompts, args.output_len)
+            rates[telemetry_on].append(result.tokens_per_second)
+            engine_seconds += result.seconds if telemetry_on else 0.0
             engine.stats_listeners.clear()
     on, off = statistics.median(rates[True]), statistics.median(rates[False])
     seconds, size = render_time(10_000)
@@ -72,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
           f"{args.rounds} alternated rounds")
     print(f"telemetry on : {on:8.1f} output tok/s   (rounds: {', '.join(f'{r:.1f}' for r in rates[True])})")
     print(f"telemetry off: {off:8.1f} output tok/s   (rounds: {', '.join(f'{r:.1f}' for r in rates[False])})")
-    print(f"overhead     : {100 * (off - on) / off:8.2f} %")
+    print(f"overhead     : {100 * (off - on) / off:8.2f} %   (median against median; rounds vary with the machine)")
+    spent = recording.seconds + building.seconds
+    print(f"stats building + recorder on the engine thread: {spent / recording.calls * 1e6:.0f} us per step "
+          f"({building.seconds / recording.calls * 1e6:.0f} + {recording.seconds / recording.calls * 1e6:.0f}), "
+          f"{100 * spent / engine_seconds:.2f} % of the engine's time with telemetry on ({recording.calls} steps)")
     print(f"/metrics render with 10,000 finished requests recorded: {seconds * 1e3:.2f} ms, {size} bytes")
     return 0
