@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "vector_math.h"
@@ -53,6 +54,64 @@ template <typename T>
 inline void axpy(float* out, float weight, const T* v, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) out[d] += weight * static_cast<float>(v[d]);
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+// acc[h][c:c+32] += sum over tokens of weights[h][t] * V[t][c:c+32] for `Heads` query heads of one KV head:
+// 32 columns of each head stay in registers (Heads * 4 + 4 of the 16) for the whole sweep over the tokens.
+template <int Heads>
+inline void weighted_values_f32(const float* values, const int32_t* table, int64_t len, int64_t block_size,
+                                int64_t block_stride, int64_t token_stride, const float* weights, float* acc,
+                                int64_t dim) {
+  const int64_t num_blocks = (len + block_size - 1) / block_size;
+  for (int64_t c = 0; c < dim; c += 32) {
+    __m256 sums[Heads][4];
+    for (int h = 0; h < Heads; ++h)
+      for (int k = 0; k < 4; ++k) sums[h][k] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const float* base = values + table[b] * block_stride + c;
+      const float* next = b + 1 < num_blocks ? values + table[b + 1] * block_stride + c : nullptr;
+      const int64_t rows = std::min(block_size, len - b * block_size);
+      for (int64_t i = 0; i < rows; ++i) {
+        if (next != nullptr) {
+          __builtin_prefetch(next + i * token_stride);
+          __builtin_prefetch(next + i * token_stride + 16);
+        }
+        const float* v = base + i * token_stride;
+        const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+        const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+        const int64_t t = b * block_size + i;
+        for (int h = 0; h < Heads; ++h) {
+          const __m256 w = _mm256_set1_ps(weights[h * len + t]);
+          sums[h][0] = _mm256_fmadd_ps(w, v0, sums[h][0]);
+          sums[h][1] = _mm256_fmadd_ps(w, v1, sums[h][1]);
+          sums[h][2] = _mm256_fmadd_ps(w, v2, sums[h][2]);
+          sums[h][3] = _mm256_fmadd_ps(w, v3, sums[h][3]);
+        }
+      }
+    }
+    for (int h = 0; h < Heads; ++h)
+      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(acc + h * dim + c + 8 * k, sums[h][k]);
+  }
+}
+
+// The V pass of a task in fp32: query heads of each KV head in runs of at most three.
+inline void weighted_values_f32(const float* values, const int32_t* table, int64_t len, int64_t block_size,
+                                int64_t block_stride, int64_t token_stride, int64_t head_stride,
+                                int64_t task_heads, int64_t group, const float* scores, float* acc, int64_t dim) {
+  for (int64_t first = 0; first < task_heads; first += std::min<int64_t>(3, group - first % group)) {
+    const int64_t count = std::min<int64_t>(3, group - first % group);
+    const float* head_values = values + (first / group) * head_stride;
+    const float* weights = scores + first * len;
+    float* out = acc + first * dim;
+    if (count == 3)
+      weighted_values_f32<3>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+    else if (count == 2)
+      weighted_values_f32<2>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+    else
+      weighted_values_f32<1>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+  }
+}
+#endif
 
 inline void softmax(float* row, int64_t len) {
   const float peak = *std::max_element(row, row + len);
@@ -121,6 +180,12 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         const T* src = q_ptr + q.stride(0) * seq + q.stride(1) * (first_kv_head * group + h);
         for (int64_t d = 0; d < dim; ++d) queries[h * dim + d] = static_cast<float>(src[d]) * scale;
       }
+      const auto write_out = [&](const float* sums) {
+        for (int64_t h = 0; h < task_heads; ++h) {
+          T* dst = out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h);
+          for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(sums[h * dim + d]);
+        }
+      };
       scores.resize(task_heads * len);
       for_each_token(k_ptr + head_offset, table, len, block_size, block_stride, token_stride, row_bytes,
                      [&](int64_t t, const T* row) {
@@ -129,15 +194,22 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                      });
       for (int64_t h = 0; h < task_heads; ++h) softmax(&scores[h * len], len);
       std::fill(acc.begin(), acc.end(), 0.f);
+#if defined(__AVX2__) && defined(__FMA__)
+      if constexpr (std::is_same_v<T, float>) {
+        if (dim % 32 == 0) {
+          weighted_values_f32(v_ptr + head_offset, table, len, block_size, block_stride, token_stride, head_stride,
+                              task_heads, group, scores.data(), acc.data(), dim);
+          write_out(acc.data());
+          continue;
+        }
+      }
+#endif
       for_each_token(v_ptr + head_offset, table, len, block_size, block_stride, token_stride, row_bytes,
                      [&](int64_t t, const T* row) {
                        for (int64_t h = 0; h < task_heads; ++h)
                          axpy(&acc[h * dim], scores[h * len + t], row + (h / group) * head_stride, dim);
                      });
-      for (int64_t h = 0; h < task_heads; ++h) {
-        T* dst = out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h);
-        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[h * dim + d]);
-      }
+      write_out(acc.data());
     }
   });
 }
