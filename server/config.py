@@ -26,7 +26,7 @@ class EngineConfig:
     device: str = "auto"
     block_size: int = 16
     max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     kv_cache_memory: int = 2 * 2**30
     gpu_memory_utilization: float = 0.9
@@ -45,7 +45,7 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_queue_len", "kv_cache_memory"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 
 

@@ -17,7 +17,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda[:N]")
     group.add_argument("--block-size", type=int, default=defaults.block_size, choices=[8, 16, 32])
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    group.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    group.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens,
+                       help="token budget of one step; default 512 on the CPU, 2048 on CUDA")
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--kv-cache-memory", type=parse_bytes, default=defaults.kv_cache_memory,
                        help="KV pool size on the CPU, e.g. 2GiB")

@@ -63,15 +63,6 @@ def test_fp16_weights_match_transformers_on_the_same_rounded_weights(llm_fp16_we
     assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
-def test_fp16_weights_are_the_cpu_default_under_fp32():
-    from server.engine.builder import resolve_weight_dtype
-
-    cpu = torch.device("cpu")
-    assert resolve_weight_dtype("auto", torch.float32, cpu) == torch.float16
-    assert resolve_weight_dtype("auto", torch.bfloat16, cpu) == torch.bfloat16
-    assert resolve_weight_dtype("float32", torch.float32, cpu) == torch.float32
-
-
 def test_one_prompt_at_a_time_matches_transformers(llm_fp32, reference_tokens):
     for prompt, expected in zip(PROMPTS, reference_tokens, strict=True):
         [output] = llm_fp32.generate(prompt, GREEDY)

@@ -32,11 +32,11 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     """The engine flags of this run, for the server subprocess."""
     flags = ["--dtype", args.dtype, "--weight-dtype", args.weight_dtype, "--device", args.device,
              "--block-size", str(args.block_size),
-             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+             "--max-num-seqs", str(args.max_num_seqs),
              "--kv-cache-memory", str(args.kv_cache_memory),
              "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--max-queue-len", str(args.max_queue_len)]
     for flag, value in (("--model", args.model), ("--max-model-len", args.max_model_len),
-                        ("--cache-dir", args.cache_dir)):
+                        ("--max-num-batched-tokens", args.max_num_batched_tokens), ("--cache-dir", args.cache_dir)):
         if value is not None:
             flags += [flag, str(value)]
     if not args.enable_prefix_caching:
