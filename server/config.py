@@ -17,6 +17,9 @@ def parse_bytes(text: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None
@@ -36,10 +39,9 @@ class EngineConfig:
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
-        if self.weight_dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"weight_dtype must be auto, float32, bfloat16 or float16, not {self.weight_dtype!r}")
+        for name in ("dtype", "weight_dtype"):
+            if getattr(self, name) not in DTYPE_CHOICES:
+                raise ValueError(f"{name} must be auto, float32, bfloat16 or float16, not {getattr(self, name)!r}")
         if self.block_size not in (8, 16, 32):
             raise ValueError("block_size must be 8, 16 or 32")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

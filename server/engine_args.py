@@ -2,16 +2,16 @@
 
 import argparse
 
-from server.config import EngineConfig, parse_bytes
+from server.config import DTYPE_CHOICES, EngineConfig, parse_bytes
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     defaults = EngineConfig()
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: bundled SmolLM2)")
-    group.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--dtype", default=defaults.dtype, choices=DTYPE_CHOICES)
     group.add_argument("--weight-dtype", default=defaults.weight_dtype,
-                       choices=["auto", "float32", "bfloat16", "float16"],
+                       choices=DTYPE_CHOICES,
                        help="dtype the weight matrices are stored in; auto: float16 under float32 compute on the "
                             "CPU (fbgemm widens them to fp32, so products and sums stay fp32), else --dtype")
     group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda[:N]")

@@ -48,7 +48,6 @@ class RotaryEmbedding:
         self.sin = angles.sin().to(device)
 
 
-
 class LlamaModel:
     """Norms as plain tensors and weight matrices as ``Linear``s in ``weight_dtype``; Q/K/V and gate/up are
     fused so that each layer runs four GEMMs. Every weight matrix, the embedding table included, is held in
