@@ -1,8 +1,8 @@
 """The one dispatch point between the kernel implementations: attention, and a layer's elementwise ops.
 
 - ``triton``: the Triton kernels; the default for CUDA tensors.
-- ``cpu``: the compiled C++ decode kernel and elementwise ops, with the torch versions for prefill and the KV
-  store; the default elsewhere, falling back to ``torch`` where no C++ compiler is available.
+- ``cpu``: the compiled C++ kernels (decode and prefill attention, the KV store, the elementwise ops); the
+  default elsewhere, falling back to ``torch`` where no C++ compiler is available.
 - ``torch``: ``kernels.reference`` alone, the oracle.
 
 ``VIGIL_ATTENTION_BACKEND=torch|triton|cpu`` overrides the choice.
@@ -60,7 +60,7 @@ def select_attention_ops(device: torch.device) -> AttentionOps:
         return AttentionOps(
             "torch", reference.paged_decode_attention, reference.paged_prefill_attention, reference.store_kv
         )
-    return AttentionOps("cpu", compiled.paged_decode_attention, reference.paged_prefill_attention, reference.store_kv)
+    return AttentionOps("cpu", compiled.paged_decode_attention, compiled.paged_prefill_attention, compiled.store_kv)
 
 
 def select_layer_ops(device: torch.device) -> LayerOps:

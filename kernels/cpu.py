@@ -1,4 +1,5 @@
-"""The CPU fast path: a compiled C++ decode-attention kernel that reads K/V in place from their blocks.
+"""The CPU fast path: compiled C++ kernels for paged decode and prefill attention (K/V read in place from their
+blocks), the KV store and a layer's elementwise ops.
 
 It is built on first use with the machine's C++ compiler (cached by torch under TORCH_EXTENSIONS_DIR).
 Where no compiler is available, ``load`` returns None and the torch reference serves instead.
@@ -13,7 +14,9 @@ from types import ModuleType
 logger = logging.getLogger("vigil.kernels")
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
-SOURCES = ("paged_decode_attention.cpp", "layer_ops.cpp", "bindings.cpp")
+SOURCES = (
+    "paged_decode_attention.cpp", "paged_prefill_attention.cpp", "store_kv.cpp", "layer_ops.cpp", "bindings.cpp"
+)
 # -fno-trapping-math lets GCC vectorise loops with float selects (SiLU, exp, max); results are unchanged, only
 # floating-point exception flags are no longer kept exact. Without it those loops ran one lane at a time.
 CFLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp")

@@ -1,5 +1,5 @@
-"""The compiled CPU kernels against the torch oracle: decode attention on random paged layouts, and a layer's
-elementwise ops on random rows, including the strided Q/K views of a fused QKV output."""
+"""The compiled CPU kernels against the torch oracle: decode and prefill attention on random paged layouts, the
+KV store, and a layer's elementwise ops on random rows, including the strided Q/K views of a fused QKV output."""
 
 import pytest
 import torch
@@ -17,6 +17,25 @@ def compiled():
     return module
 
 
+def random_paged_cache(
+    generator: torch.Generator, lengths: list[int], block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K and V caches with a few spare blocks, and block tables that scatter each sequence over the pool."""
+    widths = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(widths) + 3
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=generator).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=generator).to(dtype)
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    tables = torch.zeros(len(lengths), max(widths), dtype=torch.int32)
+    for row, width in enumerate(widths):
+        tables[row, :width] = torch.tensor([order.pop() for _ in range(width)])
+    return k_cache, v_cache, tables
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.float() - expected).abs().max() / expected.abs().max())
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     block_size=st.sampled_from([8, 16, 32]),
@@ -29,28 +48,75 @@ def compiled():
 )
 def test_decode_matches_the_reference(compiled, block_size, head_dim, kv_heads, group, lengths, dtype, seed):
     generator = torch.Generator().manual_seed(seed)
-    widths = [-(-n // block_size) for n in lengths]
-    num_blocks = sum(widths) + 3
-    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=generator).to(dtype)
-    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=generator).to(dtype)
-    order = torch.randperm(num_blocks, generator=generator).tolist()
-    tables = torch.zeros(len(lengths), max(widths), dtype=torch.int32)
-    for row, width in enumerate(widths):
-        tables[row, :width] = torch.tensor([order.pop() for _ in range(width)])
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=generator).to(dtype)
     scale = head_dim**-0.5
     expected = reference.paged_decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, scale)
     actual = compiled.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
     assert actual.dtype == dtype and actual.shape == q.shape
-    relative = (actual.float() - expected).abs().max() / expected.abs().max()
-    assert relative < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert relative_error(actual, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    block_size=st.sampled_from([8, 16, 32]),
+    head_dim=st.sampled_from([64, 80]),
+    kv_heads=st.sampled_from([1, 3]),
+    group=st.sampled_from([1, 3, 4]),
+    # (cached prefix, new tokens) per sequence; more than 32 new tokens spans several query tiles
+    sequences=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 75)), min_size=1, max_size=4),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_prefill_matches_the_reference(compiled, block_size, head_dim, kv_heads, group, sequences, dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [cached + new for cached, new in sequences]
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, dtype)
+    cu_seqlens = torch.tensor([0] + [new for _, new in sequences], dtype=torch.int32).cumsum(0).to(torch.int32)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    num_heads = kv_heads * group
+    # Q as a strided view, the way it leaves a fused QKV projection.
+    fused = torch.randn(int(cu_seqlens[-1]), (num_heads + 2) * head_dim, generator=generator).to(dtype)
+    q = fused[:, : num_heads * head_dim].view(-1, num_heads, head_dim)
+    scale = head_dim**-0.5
+    expected = reference.paged_prefill_attention(
+        q.float(), k_cache.float(), v_cache.float(), tables, cu_seqlens, seq_lens, scale
+    )
+    actual = compiled.paged_prefill_attention(q, k_cache, v_cache, tables, cu_seqlens, seq_lens, scale)
+    assert actual.dtype == dtype and actual.shape == q.shape
+    assert relative_error(actual, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    tokens=st.integers(1, 40),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_store_kv_matches_the_reference(compiled, tokens, dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    kv_heads, head_dim = 3, 64
+    shape = (12, 8, kv_heads, head_dim)
+    fused = torch.randn(tokens, 3 * kv_heads * head_dim, generator=generator).to(dtype)
+    k = fused[:, : kv_heads * head_dim].view(tokens, kv_heads, head_dim)
+    v = fused[:, 2 * kv_heads * head_dim :].view(tokens, kv_heads, head_dim)
+    slots = torch.randperm(shape[0] * shape[1], generator=generator)[:tokens]
+    slots[torch.rand(tokens, generator=generator) < 0.2] = -1  # tokens whose K/V are already cached
+    caches = [torch.randn(shape, generator=generator).to(dtype) for _ in range(2)]
+    expected = [cache.clone() for cache in caches]
+    reference.store_kv(k, v, *expected, slots)
+    compiled.store_kv(k, v, *caches, slots)
+    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        compiled.store_kv(k, v, *caches, torch.full((tokens,), shape[0] * shape[1]))
 
 
 def test_cpu_tensors_take_the_compiled_kernel_by_default(compiled, monkeypatch):
     monkeypatch.delenv("VIGIL_ATTENTION_BACKEND", raising=False)
     ops = select_attention_ops(torch.device("cpu"))
     assert ops.name == "cpu" and ops.paged_decode_attention is compiled.paged_decode_attention
+    assert ops.paged_prefill_attention is compiled.paged_prefill_attention and ops.store_kv is compiled.store_kv
     monkeypatch.setenv("VIGIL_ATTENTION_BACKEND", "torch")
     assert select_attention_ops(torch.device("cpu")).paged_decode_attention is reference.paged_decode_attention
     monkeypatch.setenv("VIGIL_ATTENTION_BACKEND", "cuda-magic")

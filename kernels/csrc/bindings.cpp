@@ -3,6 +3,9 @@
 
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                      at::Tensor block_tables, at::Tensor seq_lens, double scale);
+at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
+                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale);
+void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slot_mapping);
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
 at::Tensor add_rms_norm_(at::Tensor hidden, at::Tensor delta, at::Tensor weight, double eps);
 void rotary_(at::Tensor q, at::Tensor k, at::Tensor positions, at::Tensor cos, at::Tensor sin);
@@ -10,6 +13,8 @@ at::Tensor silu_mul(at::Tensor gate_up);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU)");
+  m.def("paged_prefill_attention", &paged_prefill_attention, "Paged causal prefill attention (CPU)");
+  m.def("store_kv", &store_kv, "Write new keys and values into their cache slots (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm over rows");
   m.def("add_rms_norm_", &add_rms_norm_, "hidden += delta in place, then RMSNorm of hidden");
   m.def("rotary_", &rotary_, "Rotary embedding in place on q and k");

@@ -113,20 +113,6 @@ inline void weighted_values_f32(const float* values, const int32_t* table, int64
 }
 #endif
 
-inline void softmax(float* row, int64_t len) {
-  const float peak = *std::max_element(row, row + len);
-  for (int64_t t = 0; t < len; ++t) row[t] = vigil::exp_nonpositive(row[t] - peak);
-  float partial[kLanes] = {};
-  int64_t t = 0;
-  for (; t + kLanes <= len; t += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) partial[j] += row[t + j];
-  float total = 0.f;
-  for (; t < len; ++t) total += row[t];
-  for (int64_t j = 0; j < kLanes; ++j) total += partial[j];
-  const float inverse = 1.f / total;
-  for (int64_t i = 0; i < len; ++i) row[i] *= inverse;
-}
-
 // Visits a sequence's token rows (every KV head of a token, contiguous) block by block. While it reads token i
 // of a block it prefetches token i of the next block: blocks lie anywhere in the pool, so no hardware
 // prefetcher follows them.
@@ -192,7 +178,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                        for (int64_t h = 0; h < task_heads; ++h)
                          scores[h * len + t] = dot(&queries[h * dim], row + (h / group) * head_stride, dim);
                      });
-      for (int64_t h = 0; h < task_heads; ++h) softmax(&scores[h * len], len);
+      for (int64_t h = 0; h < task_heads; ++h) vigil::softmax(&scores[h * len], len);
       std::fill(acc.begin(), acc.end(), 0.f);
 #if defined(__AVX2__) && defined(__FMA__)
       if constexpr (std::is_same_v<T, float>) {

@@ -34,4 +34,20 @@ inline float silu(float x) {
   return x * sigmoid;
 }
 
+// row[:len] = softmax(row[:len]), in place.
+inline void softmax(float* row, int64_t len) {
+  constexpr int64_t kLanes = 8;
+  const float peak = *std::max_element(row, row + len);
+  for (int64_t t = 0; t < len; ++t) row[t] = exp_nonpositive(row[t] - peak);
+  float partial[kLanes] = {};
+  int64_t t = 0;
+  for (; t + kLanes <= len; t += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) partial[j] += row[t + j];
+  float total = 0.f;
+  for (; t < len; ++t) total += row[t];
+  for (int64_t j = 0; j < kLanes; ++j) total += partial[j];
+  const float inverse = 1.f / total;
+  for (int64_t i = 0; i < len; ++i) row[i] *= inverse;
+}
+
 }  // namespace vigil

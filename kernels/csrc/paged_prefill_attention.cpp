@@ -1,0 +1,203 @@
+// Paged prefill attention for the CPU: causal attention of each sequence's new tokens over its whole paged
+// context, with K/V read in place from their blocks.
+//
+// A task is a tile of up to 32 new tokens of one sequence and one KV head, together with every query head that
+// shares that KV head; its rows are (token, query head) pairs. Keys are visited in chunks of 8 tokens (8 divides
+// every block size, so a chunk never spans blocks). Each chunk is widened to fp32 once, K transposed, and every
+// row of the tile uses it: scores are a [rows x dim] . [dim x 8] product and the weighted values a
+// [rows x 8] . [8 x dim] one, both register-blocked. Softmax runs on whole rows between the two passes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "vector_math.h"
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kChunk = 8;
+constexpr int64_t kTileTokens = 32;
+
+// out[r * out_stride + j] = q[r] . keys[:, j] for rows r and the kChunk keys j; keys is [dim, kChunk].
+void chunk_scores(const float* q, int64_t rows, const float* keys, int64_t dim, float* out, int64_t out_stride) {
+  int64_t r = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; r + 8 <= rows; r += 8) {
+    __m256 sums[8];
+    for (int i = 0; i < 8; ++i) sums[i] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m256 k = _mm256_loadu_ps(keys + d * kChunk);
+      for (int i = 0; i < 8; ++i) sums[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + (r + i) * dim + d), k, sums[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + (r + i) * out_stride, sums[i]);
+  }
+#endif
+  for (; r < rows; ++r) {
+    float sums[kChunk] = {};
+    for (int64_t d = 0; d < dim; ++d)
+      for (int64_t j = 0; j < kChunk; ++j) sums[j] += q[r * dim + d] * keys[d * kChunk + j];
+    std::copy(sums, sums + kChunk, out + r * out_stride);
+  }
+}
+
+// acc[r] += sum over j of weights[r * weight_stride + j] * values[j] for the kChunk value rows of [kChunk, dim].
+void chunk_values(const float* weights, int64_t weight_stride, int64_t rows, const float* values, int64_t dim,
+                  float* acc) {
+  int64_t r = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (dim % 32 == 0) {
+    // Two rows by 32 columns in registers, each value vector loaded once for both rows.
+    for (; r + 2 <= rows; r += 2)
+      for (int64_t c = 0; c < dim; c += 32) {
+        float* top = acc + r * dim + c;
+        float* bottom = top + dim;
+        __m256 a[4], b[4];
+        for (int k = 0; k < 4; ++k) {
+          a[k] = _mm256_loadu_ps(top + 8 * k);
+          b[k] = _mm256_loadu_ps(bottom + 8 * k);
+        }
+        for (int64_t j = 0; j < kChunk; ++j) {
+          const __m256 wa = _mm256_broadcast_ss(weights + r * weight_stride + j);
+          const __m256 wb = _mm256_broadcast_ss(weights + (r + 1) * weight_stride + j);
+          for (int k = 0; k < 4; ++k) {
+            const __m256 v = _mm256_loadu_ps(values + j * dim + c + 8 * k);
+            a[k] = _mm256_fmadd_ps(wa, v, a[k]);
+            b[k] = _mm256_fmadd_ps(wb, v, b[k]);
+          }
+        }
+        for (int k = 0; k < 4; ++k) {
+          _mm256_storeu_ps(top + 8 * k, a[k]);
+          _mm256_storeu_ps(bottom + 8 * k, b[k]);
+        }
+      }
+  }
+#endif
+  for (; r < rows; ++r)
+    for (int64_t j = 0; j < kChunk; ++j) {
+      const float w = weights[r * weight_stride + j];
+      for (int64_t d = 0; d < dim; ++d) acc[r * dim + d] += w * values[j * dim + d];
+    }
+}
+
+struct Task {
+  int64_t seq;
+  int64_t kv_head;
+  int64_t first_token;  // index among the sequence's new tokens
+};
+
+template <typename T>
+void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
+             const std::vector<int64_t>& cu_seqlens, const std::vector<int64_t>& seq_lens, double scale,
+             at::Tensor& out) {
+  const int64_t num_heads = q.size(1), dim = q.size(2);
+  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  const int64_t group = num_heads / num_kv_heads, table_width = tables.size(1);
+  const int64_t block_stride = k_cache.stride(0), token_stride = k_cache.stride(1), head_stride = k_cache.stride(2);
+  const T* q_ptr = q.data_ptr<T>();
+  const T* k_ptr = k_cache.data_ptr<T>();
+  const T* v_ptr = v_cache.data_ptr<T>();
+  const int32_t* table_ptr = tables.data_ptr<int32_t>();
+  T* out_ptr = out.data_ptr<T>();
+
+  std::vector<Task> tasks;
+  for (int64_t seq = 0; seq + 1 < static_cast<int64_t>(cu_seqlens.size()); ++seq)
+    for (int64_t first = 0; first < cu_seqlens[seq + 1] - cu_seqlens[seq]; first += kTileTokens)
+      for (int64_t head = 0; head < num_kv_heads; ++head) tasks.push_back({seq, head, first});
+
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> queries, scores, acc, keys(dim * kChunk), values(kChunk * dim);
+    for (int64_t index = begin; index < end; ++index) {
+      const Task& task = tasks[index];
+      const int64_t num_new = cu_seqlens[task.seq + 1] - cu_seqlens[task.seq];
+      const int64_t tokens = std::min(kTileTokens, num_new - task.first_token);
+      const int64_t rows = tokens * group;
+      // Row r is new token first_token + r / group, at this position, and query head kv_head * group + r % group.
+      const int64_t first_position = seq_lens[task.seq] - num_new + task.first_token;
+      const int64_t span = first_position + tokens;  // keys the tile's last token sees
+      const int64_t chunks = (span + kChunk - 1) / kChunk, width = chunks * kChunk;
+      const int32_t* table = table_ptr + task.seq * table_width;
+      const auto row_of = [&](const T* cache, int64_t token) {
+        return cache + table[token / block_size] * block_stride + (token % block_size) * token_stride +
+               task.kv_head * head_stride;
+      };
+      // The offset of row r in a [tokens, heads, dim] tensor with these strides.
+      const auto offset_of = [&](int64_t r, int64_t token_step, int64_t head_step) {
+        return (cu_seqlens[task.seq] + task.first_token + r / group) * token_step +
+               (task.kv_head * group + r % group) * head_step;
+      };
+
+      queries.resize(rows * dim);
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* src = q_ptr + offset_of(r, q.stride(0), q.stride(1));
+        for (int64_t d = 0; d < dim; ++d) queries[r * dim + d] = static_cast<float>(src[d]) * scale;
+      }
+      scores.resize(rows * width);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t count = std::min(kChunk, span - c * kChunk);
+        std::fill(keys.begin(), keys.end(), 0.f);
+        for (int64_t j = 0; j < count; ++j) {
+          const T* key = row_of(k_ptr, c * kChunk + j);
+          for (int64_t d = 0; d < dim; ++d) keys[d * kChunk + j] = static_cast<float>(key[d]);
+        }
+        chunk_scores(queries.data(), rows, keys.data(), dim, scores.data() + c * kChunk, width);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = scores.data() + r * width;
+        const int64_t len = first_position + r / group + 1;
+        vigil::softmax(row, len);
+        std::fill(row + len, row + width, 0.f);
+      }
+      acc.assign(rows * dim, 0.f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t count = std::min(kChunk, span - c * kChunk);
+        std::fill(values.begin() + count * dim, values.end(), 0.f);
+        for (int64_t j = 0; j < count; ++j) {
+          const T* value = row_of(v_ptr, c * kChunk + j);
+          for (int64_t d = 0; d < dim; ++d) values[j * dim + d] = static_cast<float>(value[d]);
+        }
+        chunk_values(scores.data() + c * kChunk, width, rows, values.data(), dim, acc.data());
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        T* dst = out_ptr + offset_of(r, out.stride(0), out.stride(1));
+        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[r * dim + d]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
+                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q is [tokens, heads, dim], caches are [blocks, size, kv_heads, dim]");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes(),
+              "K and V caches must share a layout");
+  TORCH_CHECK(k_cache.stride(3) == 1 && q.stride(2) == 1, "head_dim must be contiguous");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(k_cache.size(1) % kChunk == 0, "block size must be a multiple of 8");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
+              "q and the caches must share a dtype");
+  auto tables = block_tables.to(at::kInt).contiguous();
+  auto cu = cu_seqlens_q.to(at::kLong).contiguous();
+  auto lens = seq_lens.to(at::kLong).contiguous();
+  const std::vector<int64_t> cu_seqlens(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
+  const std::vector<int64_t> context_lens(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
+  TORCH_CHECK(cu_seqlens.size() == context_lens.size() + 1 && tables.size(0) == lens.numel(),
+              "one cu_seqlens boundary per sequence, plus one; one block table and one length per sequence");
+  TORCH_CHECK(cu_seqlens.back() == q.size(0), "cu_seqlens must end at the number of query tokens");
+  for (size_t i = 0; i < context_lens.size(); ++i) {
+    const int64_t num_new = cu_seqlens[i + 1] - cu_seqlens[i];
+    TORCH_CHECK(num_new >= 0 && num_new <= context_lens[i], "each sequence's new tokens are the end of its context");
+    TORCH_CHECK(context_lens[i] <= tables.size(1) * k_cache.size(1), "a context is longer than its block table");
+  }
+  auto out = at::empty_like(q);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_prefill_attention", [&] {
+    prefill<scalar_t>(q, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, out);
+  });
+  return out;
+}
