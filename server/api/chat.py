@@ -6,11 +6,10 @@ from collections.abc import AsyncIterator
 
 import jinja2
 from fastapi import APIRouter, Request
-from starlette.responses import Response
 
 from server.api.auth import RateLimitedCaller
 from server.api.errors import APIError, invalid_request
-from server.api.generation import GenerationRun, admit, check_model, fan_out, new_id, reject_unsupported
+from server.api.generation import GenerationRun, admit, check_model, fan_out, new_id, reject_unsupported, respond
 from server.api.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -20,9 +19,10 @@ from server.api.protocol import (
     ChatCompletionResponse,
     DeltaMessage,
 )
-from server.api.responses import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, STREAM_RESPONSE
-from server.api.sse import DONE, EventStreamResponse, error_event, event
+from server.api.responses import ERROR_RESPONSES, STREAM_RESPONSE
+from server.api.sse import DONE, error_event, event
 from server.api.state import State
+from server.engine.request import CompletionOutput
 from server.models.tokenizer import Tokenizer
 
 router = APIRouter(tags=["chat"])
@@ -44,17 +44,16 @@ async def create_chat_completion(
     )
     run = await admit(state, caller, generation, "chat", request.headers)
     model = state.config.served_model_name
-    if body.stream:
-        return EventStreamResponse(_events(run, model, body.include_usage), cleanup=run.close)
-    finals = await run.collect(request.receive)
-    if finals is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    choices = [
-        ChatChoice(index=i, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
-                   stop_reason=o.stop_reason)
-        for i, o in enumerate(finals)
-    ]
-    return ChatCompletionResponse(id=generation.id, model=model, choices=choices, usage=run.usage())
+
+    def build(finals: list[CompletionOutput]) -> ChatCompletionResponse:
+        choices = [
+            ChatChoice(index=i, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
+                       stop_reason=o.stop_reason)
+            for i, o in enumerate(finals)
+        ]
+        return ChatCompletionResponse(id=generation.id, model=model, choices=choices, usage=run.usage())
+
+    return await respond(run, request, body.stream, lambda: _events(run, model, body.include_usage), build)
 
 
 def _render(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> str:

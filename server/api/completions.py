@@ -5,15 +5,15 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
 
 from server.api.auth import RateLimitedCaller
 from server.api.errors import APIError
-from server.api.generation import GenerationRun, admit, check_model, fan_out, new_id, reject_unsupported
+from server.api.generation import GenerationRun, admit, check_model, fan_out, new_id, reject_unsupported, respond
 from server.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse
-from server.api.responses import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, STREAM_RESPONSE
-from server.api.sse import DONE, EventStreamResponse, error_event, event
+from server.api.responses import ERROR_RESPONSES, STREAM_RESPONSE
+from server.api.sse import DONE, error_event, event
 from server.api.state import State
+from server.engine.request import CompletionOutput
 
 router = APIRouter(tags=["completions"])
 
@@ -29,16 +29,15 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
     )
     run = await admit(state, caller, generation, "text_completion", request.headers)
     model = state.config.served_model_name
-    if body.stream:
-        return EventStreamResponse(_events(run, model, body.include_usage), cleanup=run.close)
-    finals = await run.collect(request.receive)
-    if finals is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    choices = [
-        CompletionChoice(index=i, text=o.text, finish_reason=o.finish_reason, stop_reason=o.stop_reason)
-        for i, o in enumerate(finals)
-    ]
-    return CompletionResponse(id=generation.id, model=model, choices=choices, usage=run.usage())
+
+    def build(finals: list[CompletionOutput]) -> CompletionResponse:
+        choices = [
+            CompletionChoice(index=i, text=o.text, finish_reason=o.finish_reason, stop_reason=o.stop_reason)
+            for i, o in enumerate(finals)
+        ]
+        return CompletionResponse(id=generation.id, model=model, choices=choices, usage=run.usage())
+
+    return await respond(run, request, body.stream, lambda: _events(run, model, body.include_usage), build)
 
 
 async def _events(run: GenerationRun, model: str, include_usage: bool) -> AsyncIterator[bytes]:

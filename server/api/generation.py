@@ -6,11 +6,16 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from pydantic import BaseModel
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
 from starlette.types import Receive
 
 from server.api.errors import APIError, engine_failed, invalid_request, unavailable
 from server.api.protocol import MAX_CHOICES, Usage
+from server.api.responses import CLIENT_CLOSED_REQUEST
 from server.api.security import TokenReservation
+from server.api.sse import EventStreamResponse
 from server.api.state import ServerState
 from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError, OutputStream
 from server.engine.request import CompletionOutput, QueueFullError, Request, SamplingParams
@@ -174,6 +179,22 @@ async def admit(
         reservation.settle(0)
         raise _admission_error(error) from None
     return GenerationRun(generation, stream, reservation, state.telemetry)
+
+
+async def respond(
+    run: GenerationRun,
+    request: HTTPRequest,
+    stream: bool,
+    events: Callable[[], AsyncIterator[bytes]],
+    build: Callable[[list[CompletionOutput]], BaseModel],
+) -> Response | BaseModel:
+    """The event stream, or the whole answer once every choice has finished (499 when the client left first)."""
+    if stream:
+        return EventStreamResponse(events(), cleanup=run.close)
+    finals = await run.collect(request.receive)
+    if finals is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return build(finals)
 
 
 def _admission_error(error: BaseException) -> BaseException:
