@@ -18,8 +18,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as error:
+        # Flags that do not fit together, a KV cache too small, a model that is missing or unsupported: one
+        # line, as argparse reports a bad flag, instead of a traceback. The traceback stays in the debug log.
+        logging.getLogger("vigil").debug("%s failed", args.command, exc_info=True)
+        parser.exit(2, f"vigil {args.command}: error: {error}\n")
 
 
 if __name__ == "__main__":
