@@ -1,7 +1,8 @@
 """Torch implementations of the paged kernels and of a layer's elementwise ops: the oracle of the Triton and
 C++ kernels, and the path wherever those are not available.
 
-KV cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``. Block tables are int32 rows of block
+KV cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``, in the queries' dtype or another (the
+cache is widened or narrowed to the queries' as it is read). Block tables are int32 rows of block
 ids, padded with any valid block id; ``seq_lens`` counts every context token, the new ones included.
 """
 
@@ -9,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 
-def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-    """Contiguous ``[..., length, num_kv_heads, head_dim]`` view of the tokens behind ``block_ids``."""
-    gathered = cache[block_ids.long()]
+def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[..., length, num_kv_heads, head_dim]`` of the tokens behind ``block_ids``, in ``dtype`` (the queries')."""
+    gathered = cache[block_ids.long()].to(dtype)
     return gathered.reshape(*block_ids.shape[:-1], -1, *cache.shape[2:])[..., :length, :, :]
 
 
@@ -27,8 +28,8 @@ def paged_decode_attention(
     max_len = int(seq_lens.max())
     num_blocks = -(-max_len // k_cache.shape[1])
     tables = block_tables[:, :num_blocks]
-    keys = _gather_context(k_cache, tables, max_len).transpose(1, 2)
-    values = _gather_context(v_cache, tables, max_len).transpose(1, 2)
+    keys = _gather_context(k_cache, tables, max_len, q.dtype).transpose(1, 2)
+    values = _gather_context(v_cache, tables, max_len, q.dtype).transpose(1, 2)
     positions = torch.arange(max_len, device=q.device)
     mask = (positions[None, :] < seq_lens[:, None].to(q.device))[:, None, None, :]
     out = F.scaled_dot_product_attention(
@@ -60,8 +61,8 @@ def paged_prefill_attention(
         if num_new == 0:
             continue
         blocks = block_tables[i, : -(-context_len // block_size)]
-        keys = _gather_context(k_cache, blocks, context_len).transpose(0, 1)
-        values = _gather_context(v_cache, blocks, context_len).transpose(0, 1)
+        keys = _gather_context(k_cache, blocks, context_len, q.dtype).transpose(0, 1)
+        values = _gather_context(v_cache, blocks, context_len, q.dtype).transpose(0, 1)
         queries = q[start:end].transpose(0, 1)
         if num_new == context_len:
             attended = F.scaled_dot_product_attention(

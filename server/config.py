@@ -26,6 +26,7 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: str = "auto"
     weight_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
     max_num_seqs: int = 128
@@ -39,7 +40,7 @@ class EngineConfig:
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("dtype", "weight_dtype"):
+        for name in ("dtype", "weight_dtype", "kv_cache_dtype"):
             if getattr(self, name) not in DTYPE_CHOICES:
                 raise ValueError(f"{name} must be auto, float32, bfloat16 or float16, not {getattr(self, name)!r}")
         if self.block_size not in (8, 16, 32):

@@ -14,6 +14,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        choices=DTYPE_CHOICES,
                        help="dtype the weight matrices are stored in; auto: float16 under float32 compute on the "
                             "CPU (fbgemm widens them to fp32, so products and sums stay fp32), else --dtype")
+    group.add_argument("--kv-cache-dtype", default=defaults.kv_cache_dtype, choices=DTYPE_CHOICES,
+                       help="dtype of the paged KV cache; auto: float16 under float32 compute on the CPU (twice "
+                            "the tokens in the same memory, half the bytes decode attention reads; K and V are "
+                            "rounded to fp16, as llama.cpp does by default), else --dtype")
     group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda[:N]")
     group.add_argument("--block-size", type=int, default=defaults.block_size, choices=[8, 16, 32])
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
@@ -35,6 +39,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=args.model,
         dtype=args.dtype,
         weight_dtype=args.weight_dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         device=args.device,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

@@ -18,7 +18,10 @@ def smollm_folder():
 def llm_fp32(smollm_folder):
     from server import LLM
 
-    return LLM(model=str(smollm_folder), dtype="float32", weight_dtype="float32", kv_cache_memory=256 * 2**20)
+    return LLM(
+        model=str(smollm_folder), dtype="float32", weight_dtype="float32", kv_cache_dtype="float32",
+        kv_cache_memory=256 * 2**20,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ def small_kv_llm(smollm_folder):
     from server.models.config import ModelConfig
 
     per_block = kv_bytes_per_block(ModelConfig.from_folder(smollm_folder), 16, torch.float32)
-    return LLM(model=str(smollm_folder), dtype="float32", kv_cache_memory=10 * per_block)
+    return LLM(model=str(smollm_folder), dtype="float32", kv_cache_dtype="float32", kv_cache_memory=10 * per_block)
 
 
 def test_requests_that_do_not_fit_together_are_preempted_and_still_match_their_solo_outputs(small_kv_llm):
@@ -44,7 +44,10 @@ def test_requests_that_do_not_fit_together_are_preempted_and_still_match_their_s
 
 def test_a_prompt_longer_than_the_token_budget_is_chunked_with_the_same_output(smollm_folder, llm_fp32):
     prompt = " ".join(f"item {i} is {'red' if i % 3 else 'blue'}," for i in range(20)) + " and item 20 is"
-    chunked = LLM(model=str(smollm_folder), dtype="float32", kv_cache_memory=64 * 2**20, max_num_batched_tokens=16)
+    chunked = LLM(
+        model=str(smollm_folder), dtype="float32", weight_dtype="float32", kv_cache_dtype="float32",
+        kv_cache_memory=64 * 2**20, max_num_batched_tokens=16,
+    )
     assert len(chunked.tokenizer.encode(prompt)) > 3 * 16
     steps = []
     chunked.engine.stats_listeners.append(lambda stats: steps.append(stats.num_scheduled_tokens))

@@ -32,6 +32,10 @@ def random_paged_cache(
     return k_cache, v_cache, tables
 
 
+# Queries and caches of every dtype, in any pairing: an fp32 model may keep its KV cache in fp16 or bf16.
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.float() - expected).abs().max() / expected.abs().max())
 
@@ -43,19 +47,26 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     kv_heads=st.sampled_from([1, 2, 3]),
     group=st.sampled_from([1, 3, 4]),
     lengths=st.lists(st.integers(1, 100), min_size=1, max_size=5),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    dtype=st.sampled_from(DTYPES),
+    cache_dtype=st.sampled_from(DTYPES),
     seed=st.integers(0, 2**16),
 )
-def test_decode_matches_the_reference(compiled, block_size, head_dim, kv_heads, group, lengths, dtype, seed):
+def test_decode_matches_the_reference(
+    compiled, block_size, head_dim, kv_heads, group, lengths, dtype, cache_dtype, seed
+):
     generator = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, dtype)
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, cache_dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=generator).to(dtype)
     scale = head_dim**-0.5
     expected = reference.paged_decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, scale)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     actual = compiled.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
     assert actual.dtype == dtype and actual.shape == q.shape
-    assert relative_error(actual, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert relative_error(actual, expected) < tolerance
+    # The torch path, which serves where no compiler is, takes the same mixed dtypes.
+    torch_path = reference.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
+    assert relative_error(torch_path, expected) < tolerance
 
 
 @settings(max_examples=40, deadline=None)
@@ -66,13 +77,16 @@ def test_decode_matches_the_reference(compiled, block_size, head_dim, kv_heads, 
     group=st.sampled_from([1, 3, 4]),
     # (cached prefix, new tokens) per sequence; more than 32 new tokens spans several query tiles
     sequences=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 75)), min_size=1, max_size=4),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    dtype=st.sampled_from(DTYPES),
+    cache_dtype=st.sampled_from(DTYPES),
     seed=st.integers(0, 2**16),
 )
-def test_prefill_matches_the_reference(compiled, block_size, head_dim, kv_heads, group, sequences, dtype, seed):
+def test_prefill_matches_the_reference(
+    compiled, block_size, head_dim, kv_heads, group, sequences, dtype, cache_dtype, seed
+):
     generator = torch.Generator().manual_seed(seed)
     lengths = [cached + new for cached, new in sequences]
-    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, dtype)
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, cache_dtype)
     cu_seqlens = torch.tensor([0] + [new for _, new in sequences], dtype=torch.int32).cumsum(0).to(torch.int32)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     num_heads = kv_heads * group
@@ -83,9 +97,12 @@ def test_prefill_matches_the_reference(compiled, block_size, head_dim, kv_heads,
     expected = reference.paged_prefill_attention(
         q.float(), k_cache.float(), v_cache.float(), tables, cu_seqlens, seq_lens, scale
     )
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     actual = compiled.paged_prefill_attention(q, k_cache, v_cache, tables, cu_seqlens, seq_lens, scale)
     assert actual.dtype == dtype and actual.shape == q.shape
-    assert relative_error(actual, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert relative_error(actual, expected) < tolerance
+    torch_path = reference.paged_prefill_attention(q, k_cache, v_cache, tables, cu_seqlens, seq_lens, scale)
+    assert relative_error(torch_path, expected) < tolerance
 
 
 @settings(max_examples=20, deadline=None)

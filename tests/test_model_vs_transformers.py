@@ -1,5 +1,6 @@
-"""Greedy generation on the real SmolLM2 weights matches Hugging Face transformers token for token, in fp32,
-and with the weight matrices held in fp16 (fbgemm) against transformers on the same fp16-rounded weights."""
+"""Greedy generation on the real SmolLM2 weights matches Hugging Face transformers token for token: in fp32, and
+with the CPU's defaults (weight matrices and KV cache in fp16, arithmetic in fp32) against transformers given the
+same fp16 roundings of the weights and of K/V."""
 
 import pytest
 import torch
@@ -37,19 +38,33 @@ def reference_tokens(llm_fp32, hf_fp32):
 
 
 @pytest.fixture(scope="module")
-def llm_fp16_weights(smollm_folder):
+def llm_cpu_defaults(smollm_folder):
+    """fp32 compute with the CPU's defaults: weight matrices in fp16 (fbgemm) and an fp16 KV cache."""
     from server import LLM
 
-    return LLM(model=str(smollm_folder), dtype="float32", weight_dtype="float16", kv_cache_memory=64 * 2**20)
+    llm = LLM(model=str(smollm_folder), dtype="float32", kv_cache_memory=64 * 2**20)
+    assert llm.engine.runner.model.weight_dtype == torch.float16
+    assert llm.engine.runner.kv_caches[0][0].dtype == torch.float16
+    return llm
+
+
+def sdpa_on_fp16_rounded_kv(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention on keys and values rounded through fp16, as an fp16 KV cache holds them."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key.half().float(), value.half().float(), attention_mask, **kwargs)
 
 
 @pytest.fixture(scope="module")
-def hf_fp16_rounded_weights(smollm_folder):
-    """transformers in fp32 on every weight matrix rounded through fp16: the function fbgemm's fp16-weight GEMM
-    computes, up to the order of its sums."""
-    from transformers import LlamaForCausalLM
+def hf_with_the_cpu_roundings(smollm_folder):
+    """transformers in fp32 on every weight matrix rounded through fp16 (the function fbgemm's fp16-weight GEMM
+    computes, up to the order of its sums), attending over K/V rounded through fp16."""
+    from transformers import AttentionInterface, LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(smollm_folder, dtype=torch.float32).eval()
+    AttentionInterface.register("sdpa_fp16_kv", sdpa_on_fp16_rounded_kv)
+    model = LlamaForCausalLM.from_pretrained(
+        smollm_folder, dtype=torch.float32, attn_implementation="sdpa_fp16_kv"
+    ).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.ndim == 2:
@@ -57,9 +72,9 @@ def hf_fp16_rounded_weights(smollm_folder):
     return model
 
 
-def test_fp16_weights_match_transformers_on_the_same_rounded_weights(llm_fp16_weights, hf_fp16_rounded_weights):
-    expected = [hf_greedy(hf_fp16_rounded_weights, llm_fp16_weights.tokenizer.encode(p), NUM_TOKENS) for p in PROMPTS]
-    outputs = llm_fp16_weights.generate(PROMPTS, GREEDY)
+def test_cpu_defaults_match_transformers_with_the_same_roundings(llm_cpu_defaults, hf_with_the_cpu_roundings):
+    expected = [hf_greedy(hf_with_the_cpu_roundings, llm_cpu_defaults.tokenizer.encode(p), NUM_TOKENS) for p in PROMPTS]
+    outputs = llm_cpu_defaults.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outputs] == expected
 
 

@@ -1,19 +1,18 @@
 // Paged decode attention for the CPU: reads K/V straight from their blocks, with no gathered copy.
 // A task computes every query head of a sequence's KV heads (all of them, or one when sequences are few).
-// The loops are written so that GCC vectorises them at -O3 without -ffast-math: fixed 8-wide partial sums
-// instead of reductions, and a polynomial exp with no library call. fp32 dot products use AVX2 FMA directly.
+// Queries and outputs are fp32; the cache may be fp32, bf16 or fp16, widened as it is read. With AVX2 the dot
+// products and the weighted sum of values use FMA directly; elsewhere the loops are written so that GCC
+// vectorises them: fixed 8-wide partial sums instead of reductions, and a polynomial exp with no library call.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
+#include "cache_dtype.h"
+#include "simd_load.h"
 #include "vector_math.h"
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -29,18 +28,13 @@ inline float dot(const float* q, const T* k, int64_t dim) {
   return acc;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-template <>
-inline float dot<float>(const float* q, const float* k, int64_t dim) {
-  if (dim % 16 != 0) {
-    float acc = 0.f;
-    for (int64_t d = 0; d < dim; ++d) acc += q[d] * k[d];
-    return acc;
-  }
+#ifdef VIGIL_AVX2
+template <typename T>
+inline float dot_avx2(const float* q, const T* k, int64_t dim) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   for (int64_t d = 0; d < dim; d += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), vigil::load8(k + d), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), vigil::load8(k + d + 8), a1);
   }
   const __m256 s = _mm256_add_ps(a0, a1);
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -51,15 +45,23 @@ inline float dot<float>(const float* q, const float* k, int64_t dim) {
 #endif
 
 template <typename T>
+inline float score(const float* q, const T* k, int64_t dim) {
+#ifdef VIGIL_AVX2
+  if (dim % 16 == 0) return dot_avx2(q, k, dim);
+#endif
+  return dot(q, k, dim);
+}
+
+template <typename T>
 inline void axpy(float* out, float weight, const T* v, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) out[d] += weight * static_cast<float>(v[d]);
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef VIGIL_AVX2
 // acc[h][c:c+32] += sum over tokens of weights[h][t] * V[t][c:c+32] for `Heads` query heads of one KV head:
 // 32 columns of each head stay in registers (Heads * 4 + 4 of the 16) for the whole sweep over the tokens.
-template <int Heads>
-inline void weighted_values_f32(const float* values, const int32_t* table, int64_t len, int64_t block_size,
+template <int Heads, typename T>
+inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t len, int64_t block_size,
                                 int64_t block_stride, int64_t token_stride, const float* weights, float* acc,
                                 int64_t dim) {
   const int64_t num_blocks = (len + block_size - 1) / block_size;
@@ -68,17 +70,17 @@ inline void weighted_values_f32(const float* values, const int32_t* table, int64
     for (int h = 0; h < Heads; ++h)
       for (int k = 0; k < 4; ++k) sums[h][k] = _mm256_setzero_ps();
     for (int64_t b = 0; b < num_blocks; ++b) {
-      const float* base = values + table[b] * block_stride + c;
-      const float* next = b + 1 < num_blocks ? values + table[b + 1] * block_stride + c : nullptr;
+      const T* base = values + table[b] * block_stride + c;
+      const T* next = b + 1 < num_blocks ? values + table[b + 1] * block_stride + c : nullptr;
       const int64_t rows = std::min(block_size, len - b * block_size);
       for (int64_t i = 0; i < rows; ++i) {
         if (next != nullptr) {
           __builtin_prefetch(next + i * token_stride);
           __builtin_prefetch(next + i * token_stride + 16);
         }
-        const float* v = base + i * token_stride;
-        const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
-        const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+        const T* v = base + i * token_stride;
+        const __m256 v0 = vigil::load8(v), v1 = vigil::load8(v + 8);
+        const __m256 v2 = vigil::load8(v + 16), v3 = vigil::load8(v + 24);
         const int64_t t = b * block_size + i;
         for (int h = 0; h < Heads; ++h) {
           const __m256 w = _mm256_set1_ps(weights[h * len + t]);
@@ -94,21 +96,22 @@ inline void weighted_values_f32(const float* values, const int32_t* table, int64
   }
 }
 
-// The V pass of a task in fp32: query heads of each KV head in runs of at most three.
-inline void weighted_values_f32(const float* values, const int32_t* table, int64_t len, int64_t block_size,
+// The V pass of a task: query heads of each KV head in runs of at most three.
+template <typename T>
+inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t len, int64_t block_size,
                                 int64_t block_stride, int64_t token_stride, int64_t head_stride,
                                 int64_t task_heads, int64_t group, const float* scores, float* acc, int64_t dim) {
   for (int64_t first = 0; first < task_heads; first += std::min<int64_t>(3, group - first % group)) {
     const int64_t count = std::min<int64_t>(3, group - first % group);
-    const float* head_values = values + (first / group) * head_stride;
+    const T* head_values = values + (first / group) * head_stride;
     const float* weights = scores + first * len;
     float* out = acc + first * dim;
     if (count == 3)
-      weighted_values_f32<3>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+      weighted_values_avx2<3>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
     else if (count == 2)
-      weighted_values_f32<2>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+      weighted_values_avx2<2>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
     else
-      weighted_values_f32<1>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+      weighted_values_avx2<1>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
   }
 }
 #endif
@@ -147,12 +150,12 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int64_t heads_per_task = num_seqs >= 4 * at::get_num_threads() ? num_kv_heads : 1;
   const int64_t tasks_per_seq = num_kv_heads / heads_per_task;
   const int64_t row_bytes = ((heads_per_task - 1) * head_stride + dim) * static_cast<int64_t>(sizeof(T));
-  const T* q_ptr = q.data_ptr<T>();
+  const float* q_ptr = q.data_ptr<float>();
   const T* k_ptr = k_cache.data_ptr<T>();
   const T* v_ptr = v_cache.data_ptr<T>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  T* out_ptr = out.data_ptr<T>();
+  float* out_ptr = out.data_ptr<float>();
 
   at::parallel_for(0, num_seqs * tasks_per_seq, 1, [&](int64_t begin, int64_t end) {
     const int64_t task_heads = heads_per_task * group;
@@ -163,31 +166,29 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int32_t* table = tables + seq * table_width;
       const int64_t head_offset = first_kv_head * head_stride;
       for (int64_t h = 0; h < task_heads; ++h) {
-        const T* src = q_ptr + q.stride(0) * seq + q.stride(1) * (first_kv_head * group + h);
-        for (int64_t d = 0; d < dim; ++d) queries[h * dim + d] = static_cast<float>(src[d]) * scale;
+        const float* src = q_ptr + q.stride(0) * seq + q.stride(1) * (first_kv_head * group + h);
+        for (int64_t d = 0; d < dim; ++d) queries[h * dim + d] = src[d] * static_cast<float>(scale);
       }
       const auto write_out = [&](const float* sums) {
         for (int64_t h = 0; h < task_heads; ++h) {
-          T* dst = out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h);
-          for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(sums[h * dim + d]);
+          std::copy(sums + h * dim, sums + (h + 1) * dim,
+                    out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h));
         }
       };
       scores.resize(task_heads * len);
       for_each_token(k_ptr + head_offset, table, len, block_size, block_stride, token_stride, row_bytes,
                      [&](int64_t t, const T* row) {
                        for (int64_t h = 0; h < task_heads; ++h)
-                         scores[h * len + t] = dot(&queries[h * dim], row + (h / group) * head_stride, dim);
+                         scores[h * len + t] = score(&queries[h * dim], row + (h / group) * head_stride, dim);
                      });
       for (int64_t h = 0; h < task_heads; ++h) vigil::softmax(&scores[h * len], len);
       std::fill(acc.begin(), acc.end(), 0.f);
-#if defined(__AVX2__) && defined(__FMA__)
-      if constexpr (std::is_same_v<T, float>) {
-        if (dim % 32 == 0) {
-          weighted_values_f32(v_ptr + head_offset, table, len, block_size, block_stride, token_stride, head_stride,
-                              task_heads, group, scores.data(), acc.data(), dim);
-          write_out(acc.data());
-          continue;
-        }
+#ifdef VIGIL_AVX2
+      if (dim % 32 == 0) {
+        weighted_values_avx2(v_ptr + head_offset, table, len, block_size, block_stride, token_stride, head_stride,
+                             task_heads, group, scores.data(), acc.data(), dim);
+        write_out(acc.data());
+        continue;
       }
 #endif
       for_each_token(v_ptr + head_offset, table, len, block_size, block_stride, token_stride, row_bytes,
@@ -205,15 +206,18 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                      at::Tensor block_tables, at::Tensor seq_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q is [seqs, heads, dim], caches are [blocks, size, kv_heads, dim]");
-  TORCH_CHECK(k_cache.strides() == v_cache.strides(), "K and V caches must share a layout");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "K and V caches must share a layout and a dtype");
   TORCH_CHECK(k_cache.stride(3) == 1 && q.stride(2) == 1, "head_dim must be contiguous");
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(q.size(2) % kLanes == 0, "head_dim must be a multiple of 8");
   auto tables = block_tables.to(at::kInt).contiguous();
   auto lens = seq_lens.to(at::kInt).contiguous();
-  auto out = at::empty_like(q);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
-    decode<scalar_t>(q, k_cache, v_cache, tables, lens, scale, out);
+  // Queries and outputs are few: they go through fp32 whatever their dtype, so only the cache's dtype varies.
+  auto queries = q.to(at::kFloat);
+  auto out = at::empty(q.sizes(), queries.options());
+  vigil::with_cache_type(k_cache.scalar_type(), [&](auto cache_type) {
+    decode<decltype(cache_type)>(queries, k_cache, v_cache, tables, lens, scale, out);
   });
-  return out;
+  return out.to(q.scalar_type());
 }

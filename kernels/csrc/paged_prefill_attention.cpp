@@ -3,8 +3,8 @@
 //
 // A task is a tile of up to 32 new tokens of one sequence and one KV head, together with every query head that
 // shares that KV head; its rows are (token, query head) pairs. Keys are visited in chunks of 8 tokens (8 divides
-// every block size, so a chunk never spans blocks). Each chunk is widened to fp32 once, K transposed, and every
-// row of the tile uses it: scores are a [rows x dim] . [dim x 8] product and the weighted values a
+// every block size, so a chunk never spans blocks). Each chunk is widened to fp32 once from the cache's dtype,
+// K transposed, and every row of the tile uses it: scores are a [rows x dim] . [dim x 8] product and the weighted values a
 // [rows x 8] . [8 x dim] one, both register-blocked. Softmax runs on whole rows between the two passes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -13,10 +13,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache_dtype.h"
+#include "simd_load.h"
 #include "vector_math.h"
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -26,7 +25,7 @@ constexpr int64_t kTileTokens = 32;
 // out[r * out_stride + j] = q[r] . keys[:, j] for rows r and the kChunk keys j; keys is [dim, kChunk].
 void chunk_scores(const float* q, int64_t rows, const float* keys, int64_t dim, float* out, int64_t out_stride) {
   int64_t r = 0;
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef VIGIL_AVX2
   for (; r + 8 <= rows; r += 8) {
     __m256 sums[8];
     for (int i = 0; i < 8; ++i) sums[i] = _mm256_setzero_ps();
@@ -49,7 +48,7 @@ void chunk_scores(const float* q, int64_t rows, const float* keys, int64_t dim, 
 void chunk_values(const float* weights, int64_t weight_stride, int64_t rows, const float* values, int64_t dim,
                   float* acc) {
   int64_t r = 0;
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef VIGIL_AVX2
   if (dim % 32 == 0) {
     // Two rows by 32 columns in registers, each value vector loaded once for both rows.
     for (; r + 2 <= rows; r += 2)
@@ -84,6 +83,16 @@ void chunk_values(const float* weights, int64_t weight_stride, int64_t rows, con
     }
 }
 
+// dst[0:n] = src[0:n] in fp32.
+template <typename T>
+void widen(const T* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef VIGIL_AVX2
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, vigil::load8(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
 struct Task {
   int64_t seq;
   int64_t kv_head;
@@ -98,11 +107,11 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads, table_width = tables.size(1);
   const int64_t block_stride = k_cache.stride(0), token_stride = k_cache.stride(1), head_stride = k_cache.stride(2);
-  const T* q_ptr = q.data_ptr<T>();
+  const float* q_ptr = q.data_ptr<float>();
   const T* k_ptr = k_cache.data_ptr<T>();
   const T* v_ptr = v_cache.data_ptr<T>();
   const int32_t* table_ptr = tables.data_ptr<int32_t>();
-  T* out_ptr = out.data_ptr<T>();
+  float* out_ptr = out.data_ptr<float>();
 
   std::vector<Task> tasks;
   for (int64_t seq = 0; seq + 1 < static_cast<int64_t>(cu_seqlens.size()); ++seq)
@@ -110,7 +119,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       for (int64_t head = 0; head < num_kv_heads; ++head) tasks.push_back({seq, head, first});
 
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> queries, scores, acc, keys(dim * kChunk), values(kChunk * dim);
+    std::vector<float> queries, scores, acc, key(dim), keys(dim * kChunk), values(kChunk * dim);
     for (int64_t index = begin; index < end; ++index) {
       const Task& task = tasks[index];
       const int64_t num_new = cu_seqlens[task.seq + 1] - cu_seqlens[task.seq];
@@ -133,16 +142,16 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 
       queries.resize(rows * dim);
       for (int64_t r = 0; r < rows; ++r) {
-        const T* src = q_ptr + offset_of(r, q.stride(0), q.stride(1));
-        for (int64_t d = 0; d < dim; ++d) queries[r * dim + d] = static_cast<float>(src[d]) * scale;
+        const float* src = q_ptr + offset_of(r, q.stride(0), q.stride(1));
+        for (int64_t d = 0; d < dim; ++d) queries[r * dim + d] = src[d] * static_cast<float>(scale);
       }
       scores.resize(rows * width);
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t count = std::min(kChunk, span - c * kChunk);
         std::fill(keys.begin(), keys.end(), 0.f);
         for (int64_t j = 0; j < count; ++j) {
-          const T* key = row_of(k_ptr, c * kChunk + j);
-          for (int64_t d = 0; d < dim; ++d) keys[d * kChunk + j] = static_cast<float>(key[d]);
+          widen(row_of(k_ptr, c * kChunk + j), key.data(), dim);
+          for (int64_t d = 0; d < dim; ++d) keys[d * kChunk + j] = key[d];
         }
         chunk_scores(queries.data(), rows, keys.data(), dim, scores.data() + c * kChunk, width);
       }
@@ -156,15 +165,12 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t count = std::min(kChunk, span - c * kChunk);
         std::fill(values.begin() + count * dim, values.end(), 0.f);
-        for (int64_t j = 0; j < count; ++j) {
-          const T* value = row_of(v_ptr, c * kChunk + j);
-          for (int64_t d = 0; d < dim; ++d) values[j * dim + d] = static_cast<float>(value[d]);
-        }
+        for (int64_t j = 0; j < count; ++j) widen(row_of(v_ptr, c * kChunk + j), values.data() + j * dim, dim);
         chunk_values(scores.data() + c * kChunk, width, rows, values.data(), dim, acc.data());
       }
       for (int64_t r = 0; r < rows; ++r) {
-        T* dst = out_ptr + offset_of(r, out.stride(0), out.stride(1));
-        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[r * dim + d]);
+        const float* sums = acc.data() + r * dim;
+        std::copy(sums, sums + dim, out_ptr + offset_of(r, out.stride(0), out.stride(1)));
       }
     }
   });
@@ -180,8 +186,7 @@ at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor 
   TORCH_CHECK(k_cache.stride(3) == 1 && q.stride(2) == 1, "head_dim must be contiguous");
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(k_cache.size(1) % kChunk == 0, "block size must be a multiple of 8");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
-              "q and the caches must share a dtype");
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "K and V caches must share a dtype");
   auto tables = block_tables.to(at::kInt).contiguous();
   auto cu = cu_seqlens_q.to(at::kLong).contiguous();
   auto lens = seq_lens.to(at::kLong).contiguous();
@@ -195,9 +200,11 @@ at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor 
     TORCH_CHECK(num_new >= 0 && num_new <= context_lens[i], "each sequence's new tokens are the end of its context");
     TORCH_CHECK(context_lens[i] <= tables.size(1) * k_cache.size(1), "a context is longer than its block table");
   }
-  auto out = at::empty_like(q);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_prefill_attention", [&] {
-    prefill<scalar_t>(q, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, out);
+  // Queries and outputs go through fp32 whatever their dtype, so only the cache's dtype varies.
+  auto queries = q.to(at::kFloat);
+  auto out = at::empty(q.sizes(), queries.options());
+  vigil::with_cache_type(k_cache.scalar_type(), [&](auto cache_type) {
+    prefill<decltype(cache_type)>(queries, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, out);
   });
-  return out;
+  return out.to(q.scalar_type());
 }

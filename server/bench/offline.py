@@ -117,8 +117,7 @@ def hf_results(args: argparse.Namespace, engine: LLMEngine, prompts: list[list[i
     from server.models.loader import resolve_model_folder
 
     folder = resolve_model_folder(engine.config.model)
-    dtype = engine.runner.kv_caches[0][0].dtype
-    model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=engine.runner.model.dtype).eval()
     time_transformers(model, prompts[:1], 4, 1, "warm-up")
     batch = min(args.hf_batch_size, len(prompts))
     return [
@@ -131,7 +130,8 @@ def print_table(results: list[Throughput], engine: LLMEngine) -> None:
     engine_result = results[0]
     model = engine.runner.model
     print(f"\nbench offline: {engine.config.model or 'bundled SmolLM2-135M-Instruct'}, {model.dtype} "
-          f"(weights {model.weight_dtype}), {torch.get_num_threads()} threads")
+          f"(weights {model.weight_dtype}, KV cache {engine.runner.kv_caches[0][0].dtype}), "
+          f"{torch.get_num_threads()} threads")
     print(f"{'':34} {'output tok/s':>12} {'tokens':>8} {'seconds':>8} {'vigil ÷ this':>13}")
     for result in results:
         ratio = engine_result.tokens_per_second / result.tokens_per_second

@@ -1,0 +1,24 @@
+// Eight cache values widened to fp32 in one AVX2 register, whatever the cache's dtype: fp32 as is, fp16 through
+// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane.
+#pragma once
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define VIGIL_AVX2 1
+#include <ATen/ATen.h>
+#include <immintrin.h>
+
+namespace vigil {
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256 load8(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+}  // namespace vigil
+#endif
