@@ -1,6 +1,7 @@
 """Command-line flags for the engine, shared by every subcommand that builds one."""
 
 import argparse
+import dataclasses
 
 from server.config import DTYPE_CHOICES, EngineConfig, parse_bytes
 
@@ -52,3 +53,19 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         stop_on_repetition=args.stop_on_repetition,
         cache_dir=args.cache_dir,
     )
+
+
+def engine_flags(config: EngineConfig) -> list[str]:
+    """The command-line flags that give ``config`` back through ``engine_config_from_args``."""
+    flags: list[str] = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if value is None or field.name == "served_model_name":  # the server's flag, not the engine's
+            continue
+        if field.name == "enable_prefix_caching":
+            flags += [] if value else ["--no-enable-prefix-caching"]
+        elif isinstance(value, bool):
+            flags += [f"--{field.name.replace('_', '-')}"] if value else []
+        else:
+            flags += [f"--{field.name.replace('_', '-')}", str(value)]
+    return flags

@@ -19,31 +19,13 @@ import httpx
 
 from server.bench.offline import Throughput, random_prompts, time_engine
 from server.engine.engine import LLMEngine
-from server.engine_args import engine_config_from_args
+from server.engine_args import engine_config_from_args, engine_flags
 
 READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 3600.0
 # Warm-up runs the full batch (every prefill and decode shape of the timed rounds) for a few tokens: the first
 # pass over new shapes is slow on the CPU, and it should fall on neither side.
 WARM_UP_TOKENS = 4
-
-
-def engine_flags(args: argparse.Namespace) -> list[str]:
-    """The engine flags of this run, for the server subprocess."""
-    flags = ["--dtype", args.dtype, "--weight-dtype", args.weight_dtype, "--device", args.device,
-             "--block-size", str(args.block_size),
-             "--max-num-seqs", str(args.max_num_seqs),
-             "--kv-cache-memory", str(args.kv_cache_memory),
-             "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--max-queue-len", str(args.max_queue_len)]
-    for flag, value in (("--model", args.model), ("--max-model-len", args.max_model_len),
-                        ("--max-num-batched-tokens", args.max_num_batched_tokens), ("--cache-dir", args.cache_dir)):
-        if value is not None:
-            flags += [flag, str(value)]
-    if not args.enable_prefix_caching:
-        flags.append("--no-enable-prefix-caching")
-    if args.stop_on_repetition:
-        flags.append("--stop-on-repetition")
-    return flags
 
 
 def free_port() -> int:
@@ -102,7 +84,10 @@ def running_server(args: argparse.Namespace) -> Iterator[str]:
     """``python -m server serve`` with this run's engine flags on a free port; yields its base URL."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port), *engine_flags(args)]
+    command = [
+        sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
+        *engine_flags(engine_config_from_args(args)),
+    ]
     with tempfile.NamedTemporaryFile("w+b", prefix="vigil-bench-http-", suffix=".log", delete=False) as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
         try:
@@ -131,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     so that load from other processes on the machine falls on both alike."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     engine = LLMEngine.from_config(engine_config_from_args(args))
-    dtype = engine.runner.kv_caches[0][0].dtype
+    model = engine.runner.model
+    dtypes = f"{model.dtype} (weights {model.weight_dtype}, KV cache {engine.runner.kv_caches[0][0].dtype})"
     warm_up = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed - 1)
     time_engine(engine, warm_up, WARM_UP_TOKENS)
     offline: list[Throughput] = []
@@ -142,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
             prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed + round_index)
             offline.append(time_engine(engine, prompts, args.output_len))
             served.append(asyncio.run(time_clients(base_url, prompts, args.output_len)))
-    print(f"\nbench http: {args.model or 'bundled SmolLM2-135M-Instruct'}, {dtype}, {args.num_prompts} requests, "
+    print(f"\nbench http: {args.model or 'bundled SmolLM2-135M-Instruct'}, {dtypes}, {args.num_prompts} requests, "
           f"{args.input_len} prompt tokens, {args.output_len} output tokens, greedy, ignore_eos")
     print(f"{'':12} {'offline tok/s':>14} {f'HTTP ({args.num_prompts} streams) tok/s':>26} {'HTTP ÷ offline':>15}")
     rows = [*((f"round {i + 1}", o, h) for i, (o, h) in enumerate(zip(offline, served, strict=True)))]

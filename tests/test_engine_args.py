@@ -1,0 +1,24 @@
+"""The engine's flags: what ``bench http`` hands its server subprocess gives back the same EngineConfig."""
+
+import argparse
+
+from server.engine_args import add_engine_args, engine_config_from_args, engine_flags
+
+
+def parse(argv: list[str]):
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    return engine_config_from_args(parser.parse_args(argv))
+
+
+def test_engine_flags_round_trip_every_setting():
+    config = parse([
+        "--model", "/models/llama", "--dtype", "bfloat16", "--weight-dtype", "float32", "--kv-cache-dtype", "float16",
+        "--block-size", "32", "--max-num-seqs", "7", "--max-num-batched-tokens", "96", "--max-model-len", "640",
+        "--kv-cache-memory", "3MiB", "--max-queue-len", "5", "--no-enable-prefix-caching", "--stop-on-repetition",
+        "--cache-dir", "/tmp/vigil-cache",
+    ])
+    assert config.kv_cache_dtype == "float16" and not config.enable_prefix_caching and config.stop_on_repetition
+    assert parse(engine_flags(config)) == config
+    defaults = parse([])
+    assert parse(engine_flags(defaults)) == defaults
