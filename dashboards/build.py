@@ -452,8 +452,15 @@ def infrastructure() -> dict:
             ),
             timeseries(
                 "KV cache memory",
-                "Memory reserved for the KV cache pool, per model.",
-                [target(series("vigil_kv_cache_memory_bytes"), "{{model}} {{instance}}")],
+                "Memory reserved for the KV cache pool, per model, with the pool's dtype, block size and blocks.",
+                [
+                    target(
+                        series("vigil_kv_cache_memory_bytes")
+                        + " * on(model, instance) group_left(cache_dtype, block_size, num_blocks) "
+                        + series("vigil_kv_cache_config_info"),
+                        "{{model}} {{instance}}: {{num_blocks}} blocks of {{block_size}} tokens, {{cache_dtype}}",
+                    )
+                ],
                 "bytes",
                 min_value=0,
             ),

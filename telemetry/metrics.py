@@ -61,6 +61,11 @@ class VigilMetrics:
         self.host_memory_used = gauge("vigil_host_memory_used_bytes", "Host memory in use.", ())
         self.host_memory_total = gauge("vigil_host_memory_total_bytes", "Host memory in all.", ())
         self.kv_cache_memory = gauge("vigil_kv_cache_memory_bytes", "Size of the KV cache pool.")
+        self.kv_cache_config = gauge(
+            "vigil_kv_cache_config_info",
+            "1, labelled with the KV cache pool's layout as sized at start.",
+            (*m, "block_size", "num_blocks", "cache_dtype", "device"),
+        )
 
         # Service
         self.http_requests = counter(

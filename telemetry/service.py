@@ -34,7 +34,11 @@ class Telemetry:
             PlatformCollector(registry=self.registry)
             GCCollector(registry=self.registry)
         self.metrics = VigilMetrics(config.model, self.registry, config.latency_buckets)
-        self.metrics.kv_cache_memory.labels(config.model).set(engine.cache_info.total_bytes)
+        cache = engine.cache_info
+        self.metrics.kv_cache_memory.labels(config.model).set(cache.total_bytes)
+        self.metrics.kv_cache_config.labels(
+            config.model, str(cache.block_size), str(cache.num_blocks), cache.dtype, cache.device
+        ).set(1)
         self.provider = build_tracer_provider("vigil", config.otlp_endpoint, config.otlp_protocol)
         self.tracer = RequestTracer(self.provider) if self.provider is not None else None
         tokenizer = engine.tokenizer

@@ -29,6 +29,7 @@ VIGIL_METRICS = {
     "vigil_host_memory_used_bytes": "gauge",
     "vigil_host_memory_total_bytes": "gauge",
     "vigil_kv_cache_memory_bytes": "gauge",
+    "vigil_kv_cache_config_info": "gauge",
     # service
     "vigil_http_requests_total": "counter",
     "vigil_request_errors_total": "counter",

@@ -4,9 +4,11 @@ import concurrent.futures
 
 import httpx
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.engine.flops import ModelFlops
+from server.engine.model_runner import kv_bytes_per_block
 from server.models.config import ModelConfig
 from tests.api_server import APIServer
 
@@ -116,11 +118,15 @@ def test_concurrency_shows_batches_larger_than_one(traffic):
     assert total > singles
 
 
-def test_infrastructure_gauges_on_a_gpu_less_machine(traffic):
+def test_infrastructure_gauges_on_a_gpu_less_machine(traffic, smollm_folder):
     after = traffic[1]
     assert value(after, "vigil_gpu_count") == 0
     assert value(after, "vigil_host_memory_total_bytes") > value(after, "vigil_host_memory_used_bytes") > 0
-    assert value(after, "vigil_kv_cache_memory_bytes", model="smollm") > 0
+    per_block = kv_bytes_per_block(ModelConfig.from_folder(smollm_folder), 16, torch.float16)
+    num_blocks = 256 * 2**20 // per_block  # the server runs with --kv-cache-memory 256MiB, an fp16 cache
+    assert value(after, "vigil_kv_cache_memory_bytes", model="smollm") == num_blocks * per_block
+    config = {"block_size": "16", "num_blocks": str(num_blocks), "cache_dtype": "float16", "device": "cpu"}
+    assert value(after, "vigil_kv_cache_config_info", model="smollm", **config) == 1
     assert value(after, "vigil_engine_ready", model="smollm") == 1
     assert value(after, "process_resident_memory_bytes") > 0
 

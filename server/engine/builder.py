@@ -106,7 +106,9 @@ def build_engine(engine_cls: type["LLMEngine"], config: EngineConfig) -> "LLMEng
     kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device)
     bytes_per_block = kv_bytes_per_block(model_config, config.block_size, kv_dtype)
     num_blocks = count_kv_blocks(config, bytes_per_block, device)
-    cache_info = CacheInfo(num_blocks, config.block_size, bytes_per_block, str(device))
+    cache_info = CacheInfo(
+        num_blocks, config.block_size, bytes_per_block, str(device), str(kv_dtype).removeprefix("torch.")
+    )
     logger.info(
         "KV cache: %d blocks of %d tokens (%.1f MiB) in %s on %s; compute %s, weights %s; attention backend %s",
         num_blocks, config.block_size, cache_info.total_bytes / 2**20, kv_dtype, device, dtype, weight_dtype,

@@ -13,6 +13,7 @@ class CacheInfo:
     block_size: int
     bytes_per_block: int
     device: str
+    dtype: str  # of K and V, e.g. "float16"
 
     @property
     def total_bytes(self) -> int:
