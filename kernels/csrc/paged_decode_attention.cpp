@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cache_dtype.h"
+#include "paged_attention_entry.h"
 #include "simd_load.h"
 #include "vector_math.h"
 
@@ -205,19 +205,12 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                      at::Tensor block_tables, at::Tensor seq_lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q is [seqs, heads, dim], caches are [blocks, size, kv_heads, dim]");
-  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.scalar_type() == v_cache.scalar_type(),
-              "K and V caches must share a layout and a dtype");
-  TORCH_CHECK(k_cache.stride(3) == 1 && q.stride(2) == 1, "head_dim must be contiguous");
-  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  vigil::check_paged_attention_inputs(q, k_cache, v_cache);
   TORCH_CHECK(q.size(2) % kLanes == 0, "head_dim must be a multiple of 8");
   auto tables = block_tables.to(at::kInt).contiguous();
   auto lens = seq_lens.to(at::kInt).contiguous();
-  // Queries and outputs are few: they go through fp32 whatever their dtype, so only the cache's dtype varies.
-  auto queries = q.to(at::kFloat);
-  auto out = at::empty(q.sizes(), queries.options());
-  vigil::with_cache_type(k_cache.scalar_type(), [&](auto cache_type) {
+  const auto kernel = [&](auto cache_type, const at::Tensor& queries, at::Tensor& out) {
     decode<decltype(cache_type)>(queries, k_cache, v_cache, tables, lens, scale, out);
-  });
-  return out.to(q.scalar_type());
+  };
+  return vigil::attend_in_fp32(q, k_cache.scalar_type(), kernel);
 }

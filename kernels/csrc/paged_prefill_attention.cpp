@@ -4,8 +4,9 @@
 // A task is a tile of up to 32 new tokens of one sequence and one KV head, together with every query head that
 // shares that KV head; its rows are (token, query head) pairs. Keys are visited in chunks of 8 tokens (8 divides
 // every block size, so a chunk never spans blocks). Each chunk is widened to fp32 once from the cache's dtype,
-// K transposed, and every row of the tile uses it: scores are a [rows x dim] . [dim x 8] product and the weighted values a
-// [rows x 8] . [8 x dim] one, both register-blocked. Softmax runs on whole rows between the two passes.
+// K transposed, and every row of the tile uses it: scores are a [rows x dim] . [dim x 8] product and the
+// weighted values a [rows x 8] . [8 x dim] one, both register-blocked. Softmax runs on whole rows between the
+// two passes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -13,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cache_dtype.h"
+#include "paged_attention_entry.h"
 #include "simd_load.h"
 #include "vector_math.h"
 
@@ -180,13 +181,8 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 
 at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
                                    at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q is [tokens, heads, dim], caches are [blocks, size, kv_heads, dim]");
-  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes(),
-              "K and V caches must share a layout");
-  TORCH_CHECK(k_cache.stride(3) == 1 && q.stride(2) == 1, "head_dim must be contiguous");
-  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  vigil::check_paged_attention_inputs(q, k_cache, v_cache);
   TORCH_CHECK(k_cache.size(1) % kChunk == 0, "block size must be a multiple of 8");
-  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "K and V caches must share a dtype");
   auto tables = block_tables.to(at::kInt).contiguous();
   auto cu = cu_seqlens_q.to(at::kLong).contiguous();
   auto lens = seq_lens.to(at::kLong).contiguous();
@@ -200,11 +196,8 @@ at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor 
     TORCH_CHECK(num_new >= 0 && num_new <= context_lens[i], "each sequence's new tokens are the end of its context");
     TORCH_CHECK(context_lens[i] <= tables.size(1) * k_cache.size(1), "a context is longer than its block table");
   }
-  // Queries and outputs go through fp32 whatever their dtype, so only the cache's dtype varies.
-  auto queries = q.to(at::kFloat);
-  auto out = at::empty(q.sizes(), queries.options());
-  vigil::with_cache_type(k_cache.scalar_type(), [&](auto cache_type) {
+  const auto kernel = [&](auto cache_type, const at::Tensor& queries, at::Tensor& out) {
     prefill<decltype(cache_type)>(queries, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, out);
-  });
-  return out.to(q.scalar_type());
+  };
+  return vigil::attend_in_fp32(q, k_cache.scalar_type(), kernel);
 }

@@ -1,0 +1,44 @@
+// What the paged attention kernels share at their entry: the checks of q and the caches, and the call with
+// fp32 queries on a cache of any dtype.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace vigil {
+
+// q is [tokens, heads, head_dim]; the caches are [blocks, block_size, kv_heads, head_dim], alike in shape,
+// layout and dtype.
+inline void check_paged_attention_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4,
+              "q is [tokens, heads, dim], caches are [blocks, size, kv_heads, dim]");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "K and V caches must share a layout and a dtype");
+  TORCH_CHECK(k_cache.stride(3) == 1 && q.stride(2) == 1, "head_dim must be contiguous");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+}
+
+// Calls kernel(cache_type, queries, out) with a value of the cache's C++ type (fp32, fp16 or bf16) and fp32
+// queries and output, and returns the output in q's dtype. Queries and outputs are few, so they go through fp32
+// whatever their dtype, and only the cache's dtype varies.
+template <typename Kernel>
+at::Tensor attend_in_fp32(const at::Tensor& q, at::ScalarType cache_type, Kernel&& kernel) {
+  auto queries = q.to(at::kFloat);
+  auto out = at::empty(q.sizes(), queries.options());
+  switch (cache_type) {
+    case at::kFloat:
+      kernel(float{}, queries, out);
+      break;
+    case at::kHalf:
+      kernel(at::Half{}, queries, out);
+      break;
+    case at::kBFloat16:
+      kernel(at::BFloat16{}, queries, out);
+      break;
+    default:
+      TORCH_CHECK(false, "a KV cache is float32, float16 or bfloat16, not ", cache_type);
+  }
+  return out.to(q.scalar_type());
+}
+
+}  // namespace vigil
