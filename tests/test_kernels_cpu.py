@@ -40,6 +40,19 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.float() - expected).abs().max() / expected.abs().max())
 
 
+def assert_both_paths_match_the_oracle(compiled, name: str, q, k_cache, v_cache, *layout) -> None:
+    """The compiled kernel ``name`` and its torch version, on q and caches of any dtypes, against the torch
+    version in fp32 on the same (rounded) cache values."""
+    torch_version = getattr(reference, name)
+    expected = torch_version(q.float(), k_cache.float(), v_cache.float(), *layout)
+    tolerance = 1e-5 if q.dtype == torch.float32 else 1e-2
+    actual = getattr(compiled, name)(q, k_cache, v_cache, *layout)
+    assert actual.dtype == q.dtype and actual.shape == q.shape
+    assert relative_error(actual, expected) < tolerance
+    # The torch path, which serves where no compiler is, takes the same mixed dtypes.
+    assert relative_error(torch_version(q, k_cache, v_cache, *layout), expected) < tolerance
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     block_size=st.sampled_from([8, 16, 32]),
@@ -58,15 +71,9 @@ def test_decode_matches_the_reference(
     k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, cache_dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=generator).to(dtype)
-    scale = head_dim**-0.5
-    expected = reference.paged_decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, scale)
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-    actual = compiled.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
-    assert actual.dtype == dtype and actual.shape == q.shape
-    assert relative_error(actual, expected) < tolerance
-    # The torch path, which serves where no compiler is, takes the same mixed dtypes.
-    torch_path = reference.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
-    assert relative_error(torch_path, expected) < tolerance
+    assert_both_paths_match_the_oracle(
+        compiled, "paged_decode_attention", q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -93,16 +100,9 @@ def test_prefill_matches_the_reference(
     # Q as a strided view, the way it leaves a fused QKV projection.
     fused = torch.randn(int(cu_seqlens[-1]), (num_heads + 2) * head_dim, generator=generator).to(dtype)
     q = fused[:, : num_heads * head_dim].view(-1, num_heads, head_dim)
-    scale = head_dim**-0.5
-    expected = reference.paged_prefill_attention(
-        q.float(), k_cache.float(), v_cache.float(), tables, cu_seqlens, seq_lens, scale
+    assert_both_paths_match_the_oracle(
+        compiled, "paged_prefill_attention", q, k_cache, v_cache, tables, cu_seqlens, seq_lens, head_dim**-0.5
     )
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-    actual = compiled.paged_prefill_attention(q, k_cache, v_cache, tables, cu_seqlens, seq_lens, scale)
-    assert actual.dtype == dtype and actual.shape == q.shape
-    assert relative_error(actual, expected) < tolerance
-    torch_path = reference.paged_prefill_attention(q, k_cache, v_cache, tables, cu_seqlens, seq_lens, scale)
-    assert relative_error(torch_path, expected) < tolerance
 
 
 @settings(max_examples=20, deadline=None)
