@@ -126,12 +126,16 @@ def hf_results(args: argparse.Namespace, engine: LLMEngine, prompts: list[list[i
     ]
 
 
+def describe_engine(engine: LLMEngine) -> str:
+    """The model and the dtypes it computes, keeps its weights and keeps its KV cache in, for a bench's header."""
+    model = engine.runner.model
+    return (f"{engine.config.model or 'bundled SmolLM2-135M-Instruct'}, {model.dtype} "
+            f"(weights {model.weight_dtype}, KV cache {engine.runner.kv_caches[0][0].dtype})")
+
+
 def print_table(results: list[Throughput], engine: LLMEngine) -> None:
     engine_result = results[0]
-    model = engine.runner.model
-    print(f"\nbench offline: {engine.config.model or 'bundled SmolLM2-135M-Instruct'}, {model.dtype} "
-          f"(weights {model.weight_dtype}, KV cache {engine.runner.kv_caches[0][0].dtype}), "
-          f"{torch.get_num_threads()} threads")
+    print(f"\nbench offline: {describe_engine(engine)}, {torch.get_num_threads()} threads")
     print(f"{'':34} {'output tok/s':>12} {'tokens':>8} {'seconds':>8} {'vigil ÷ this':>13}")
     for result in results:
         ratio = engine_result.tokens_per_second / result.tokens_per_second

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from server.bench.offline import Throughput, random_prompts, time_engine
+from server.bench.offline import Throughput, describe_engine, random_prompts, time_engine
 from server.engine.engine import LLMEngine
 from server.engine_args import engine_config_from_args, engine_flags
 
@@ -116,8 +116,6 @@ def run(args: argparse.Namespace) -> int:
     so that load from other processes on the machine falls on both alike."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     engine = LLMEngine.from_config(engine_config_from_args(args))
-    model = engine.runner.model
-    dtypes = f"{model.dtype} (weights {model.weight_dtype}, KV cache {engine.runner.kv_caches[0][0].dtype})"
     warm_up = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed - 1)
     time_engine(engine, warm_up, WARM_UP_TOKENS)
     offline: list[Throughput] = []
@@ -128,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed + round_index)
             offline.append(time_engine(engine, prompts, args.output_len))
             served.append(asyncio.run(time_clients(base_url, prompts, args.output_len)))
-    print(f"\nbench http: {args.model or 'bundled SmolLM2-135M-Instruct'}, {dtypes}, {args.num_prompts} requests, "
+    print(f"\nbench http: {describe_engine(engine)}, {args.num_prompts} requests, "
           f"{args.input_len} prompt tokens, {args.output_len} output tokens, greedy, ignore_eos")
     print(f"{'':12} {'offline tok/s':>14} {f'HTTP ({args.num_prompts} streams) tok/s':>26} {'HTTP ÷ offline':>15}")
     rows = [*((f"round {i + 1}", o, h) for i, (o, h) in enumerate(zip(offline, served, strict=True)))]
