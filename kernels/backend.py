@@ -1,29 +1,231 @@
-"""The one dispatch point between the kernel implementations: attention, and a layer's elementwise ops.
+"""The attention backend interface, and the one dispatch point between the kernel implementations.
+
+A backend turns one step's batch into metadata once (``prepare``: tensors on the device, plus the host-side sizes
+its kernels need, so that no layer syncs with the device to learn them), then runs every layer's attention over
+the paged cache from it (``forward``: store the new K/V, decode rows, prefill rows).
 
 - ``triton``: the Triton kernels; the default for CUDA tensors.
-- ``cpu``: the compiled C++ kernels (decode and prefill attention, the KV store, the elementwise ops); the
-  default elsewhere, falling back to ``torch`` where no C++ compiler is available.
+- ``cpu``: the compiled C++ kernels (attention, the KV store, the elementwise layer ops); the default elsewhere,
+  falling back to ``torch`` where no C++ compiler is available.
 - ``torch``: ``kernels.reference`` alone, the oracle.
 
 ``VIGIL_ATTENTION_BACKEND=torch|triton|cpu`` overrides the choice.
 """
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
+
+from kernels import reference
 
 BACKEND_ENV = "VIGIL_ATTENTION_BACKEND"
 BACKENDS = ("torch", "triton", "cpu")
 
 
 @dataclass(frozen=True)
-class AttentionOps:
+class AttentionBatch:
+    """One step's tokens as attention sees them, in host lists.
+
+    Rows ``[:num_decode_tokens]`` are single-token steps, one per sequence (decode); the rest are chunks of
+    several tokens (prefill), sequence ``i`` owning rows ``prefill_query_starts[i]:prefill_query_starts[i + 1]``
+    of them. Block tables are one row of block ids per sequence, and ``*_seq_lens`` count every context token,
+    the new ones included.
+    """
+
+    slot_mapping: list[int]
+    decode_block_tables: list[list[int]]
+    decode_seq_lens: list[int]
+    prefill_block_tables: list[list[int]]
+    prefill_query_starts: list[int]
+    prefill_seq_lens: list[int]
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return len(self.decode_seq_lens)
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """An AttentionBatch on the device, built once per step and read by every layer."""
+
+    slot_mapping: torch.Tensor
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor
+    decode_seq_lens: torch.Tensor
+    decode_max_seq_len: int
+    prefill_block_tables: torch.Tensor
+    prefill_cu_seqlens_q: torch.Tensor
+    prefill_seq_lens: torch.Tensor
+    prefill_query_starts: list[int]
+    prefill_context_lens: list[int]
+
+    @property
+    def prefill_max_query_len(self) -> int:
+        starts = self.prefill_query_starts
+        return max((end - start for start, end in zip(starts, starts[1:], strict=False)), default=0)
+
+
+def _block_tables(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Rows padded with block 0 (any valid id does: kernels read only up to each sequence's length)."""
+    width = max((len(row) for row in rows), default=0)
+    padded = [row + [0] * (width - len(row)) for row in rows]
+    return torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(rows), width)
+
+
+class AttentionBackend(ABC):
+    """Paged attention over ``[num_blocks, block_size, num_kv_heads, head_dim]`` K and V caches."""
+
     name: str
-    paged_decode_attention: Callable[..., torch.Tensor]
-    paged_prefill_attention: Callable[..., torch.Tensor]
-    store_kv: Callable[..., None]
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
+        device = self.device
+
+        def ints(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=device)
+
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.int64, device=device),
+            num_decode_tokens=batch.num_decode_tokens,
+            decode_block_tables=_block_tables(batch.decode_block_tables, device),
+            decode_seq_lens=ints(batch.decode_seq_lens),
+            decode_max_seq_len=max(batch.decode_seq_lens, default=0),
+            prefill_block_tables=_block_tables(batch.prefill_block_tables, device),
+            prefill_cu_seqlens_q=ints(batch.prefill_query_starts),
+            prefill_seq_lens=ints(batch.prefill_seq_lens),
+            prefill_query_starts=batch.prefill_query_starts,
+            prefill_context_lens=batch.prefill_seq_lens,
+        )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Store ``k``/``v`` (``[tokens, kv_heads, head_dim]``) in their slots, then attend: ``q`` is
+        ``[tokens, heads, head_dim]``, and so is the result."""
+        k_cache, v_cache = kv_cache
+        self.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        num_decode = meta.num_decode_tokens
+        if num_decode == q.shape[0]:
+            return self.decode(q, k_cache, v_cache, meta, scale)
+        out = torch.empty_like(q)
+        if num_decode:
+            out[:num_decode] = self.decode(q[:num_decode], k_cache, v_cache, meta, scale)
+        out[num_decode:] = self.prefill(q[num_decode:], k_cache, v_cache, meta, scale)
+        return out
+
+    @abstractmethod
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    ) -> None: ...
+
+    @abstractmethod
+    def decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor: ...
+
+    @abstractmethod
+    def prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor: ...
+
+
+class TorchAttention(AttentionBackend):
+    name = "torch"
+
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        reference.store_kv(k, v, k_cache, v_cache, slots)
+
+    def decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return reference.paged_decode_attention(
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
+            max_seq_len=meta.decode_max_seq_len,
+        )
+
+    def prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return reference.paged_prefill_attention(
+            q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
+            query_starts=meta.prefill_query_starts, context_lens=meta.prefill_context_lens,
+        )
+
+
+class CpuAttention(AttentionBackend):
+    """The compiled C++ kernels; they read their sizes from the tensors on the host, with no sync to pay."""
+
+    name = "cpu"
+
+    def __init__(self, device: torch.device, compiled: ModuleType) -> None:
+        super().__init__(device)
+        self.compiled = compiled
+
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        self.compiled.store_kv(k, v, k_cache, v_cache, slots)
+
+    def decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return self.compiled.paged_decode_attention(
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+        )
+
+    def prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return self.compiled.paged_prefill_attention(
+            q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale
+        )
+
+
+class TritonAttention(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        if device.type != "cuda":
+            # Off the GPU, Triton runs only in its interpreter, which must be on before any kernel is defined.
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        from kernels import cache_ops, paged_attention
+
+        self._cache_ops, self._kernels = cache_ops, paged_attention
+
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        self._cache_ops.store_kv(k, v, k_cache, v_cache, slots)
+
+    def decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return self._kernels.paged_decode_attention(
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+        )
+
+    def prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return self._kernels.paged_prefill_attention(
+            q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
+            max_query_len=meta.prefill_max_query_len,
+        )
 
 
 @dataclass(frozen=True)
@@ -45,32 +247,23 @@ def backend_name(device: torch.device) -> str:
     return chosen or ("triton" if device.type == "cuda" else "cpu")
 
 
-def select_attention_ops(device: torch.device) -> AttentionOps:
-    name = backend_name(device)
-    if name == "triton":
-        return _triton_ops(device)
-    from kernels import reference
+def _compiled_cpu_kernels(device: torch.device) -> ModuleType | None:
+    if device.type != "cpu" or backend_name(device) != "cpu":
+        return None
+    from kernels import cpu
 
-    compiled = None
-    if name == "cpu":
-        from kernels import cpu
+    return cpu.load()
 
-        compiled = cpu.load()
-    if compiled is None:
-        return AttentionOps(
-            "torch", reference.paged_decode_attention, reference.paged_prefill_attention, reference.store_kv
-        )
-    return AttentionOps("cpu", compiled.paged_decode_attention, compiled.paged_prefill_attention, compiled.store_kv)
+
+def select_attention_backend(device: torch.device) -> AttentionBackend:
+    if backend_name(device) == "triton":
+        return TritonAttention(device)
+    compiled = _compiled_cpu_kernels(device)
+    return CpuAttention(device, compiled) if compiled is not None else TorchAttention(device)
 
 
 def select_layer_ops(device: torch.device) -> LayerOps:
-    from kernels import reference
-
-    compiled = None
-    if device.type == "cpu" and backend_name(device) == "cpu":
-        from kernels import cpu
-
-        compiled = cpu.load()
+    compiled = _compiled_cpu_kernels(device)
     if compiled is None:
         return LayerOps("torch", reference.rms_norm, reference.add_rms_norm, reference.rotary, reference.silu_mul)
 
@@ -82,15 +275,3 @@ def select_layer_ops(device: torch.device) -> LayerOps:
         return q, k
 
     return LayerOps("cpu", compiled.rms_norm, add_rms_norm, rotary, compiled.silu_mul)
-
-
-def _triton_ops(device: torch.device) -> AttentionOps:
-    if device.type != "cuda":
-        # Off the GPU, Triton runs only in its interpreter, which must be on before any kernel is defined.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    from kernels import cache_ops, paged_attention
-
-    return AttentionOps(
-        "triton", paged_attention.paged_decode_attention, paged_attention.paged_prefill_attention,
-        cache_ops.store_kv,
-    )

@@ -356,12 +356,14 @@ def paged_prefill_attention(
     scale: float,
     *,
     out: torch.Tensor | None = None,
+    max_query_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
     ``q``: ``[num_tokens, num_heads, head_dim]``, sequence ``i`` owning rows
     ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``, which are the last tokens of its ``seq_lens[i]`` context
-    tokens. Results go to ``out`` when given. Reads the longest query length back to the host.
+    tokens. Results go to ``out`` when given. ``max_query_len``, the longest of those row ranges, spares
+    reading it back from the device.
     """
     group, group_pad = _check_shapes(q, k_cache, v_cache)
     num_tokens, _, head_dim = q.shape
@@ -370,7 +372,7 @@ def paged_prefill_attention(
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
-    max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    max_q_len = max_query_len if max_query_len is not None else int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
 
     def grid(meta: dict) -> tuple[int, int, int]:
         return (triton.cdiv(max_q_len, meta["BLOCK_M"] // group_pad), num_kv_heads, num_seqs)

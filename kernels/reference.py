@@ -6,6 +6,8 @@ cache is widened or narrowed to the queries' as it is read). Block tables are in
 ids, padded with any valid block id; ``seq_lens`` counts every context token, the new ones included.
 """
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -23,9 +25,13 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence. ``q``: ``[num_seqs, num_heads, head_dim]``; returns the same shape."""
-    max_len = int(seq_lens.max())
+    """One query token per sequence. ``q``: ``[num_seqs, num_heads, head_dim]``; returns the same shape.
+
+    ``max_seq_len``, the longest of ``seq_lens``, spares reading it back from the device."""
+    max_len = max_seq_len if max_seq_len is not None else int(seq_lens.max())
     num_blocks = -(-max_len // k_cache.shape[1])
     tables = block_tables[:, :num_blocks]
     keys = _gather_context(k_cache, tables, max_len, q.dtype).transpose(1, 2)
@@ -46,16 +52,22 @@ def paged_prefill_attention(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    query_starts: Sequence[int] | None = None,
+    context_lens: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
     ``q``: ``[num_tokens, num_heads, head_dim]``, sequence ``i`` owning rows
     ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``, which are the last tokens of its ``seq_lens[i]`` context tokens.
+    ``query_starts`` and ``context_lens``, host copies of ``cu_seqlens_q`` and ``seq_lens``, spare reading them
+    back from the device.
     """
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
-    starts = cu_seqlens_q.tolist()
-    for i, context_len in enumerate(seq_lens.tolist()):
+    starts = query_starts if query_starts is not None else cu_seqlens_q.tolist()
+    lengths = context_lens if context_lens is not None else seq_lens.tolist()
+    for i, context_len in enumerate(lengths):
         start, end = starts[i], starts[i + 1]
         num_new = end - start
         if num_new == 0:

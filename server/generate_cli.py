@@ -20,10 +20,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from server.engine.engine import LLMEngine
+    from server.engine.builder import build_engine
     from server.engine.request import SamplingParams
 
-    engine = LLMEngine.from_config(engine_config_from_args(args))
+    engine = build_engine(engine_config_from_args(args))
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens
     )

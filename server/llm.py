@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from server.config import EngineConfig
-from server.engine.engine import LLMEngine
+from server.engine.builder import build_engine
 from server.engine.request import RequestOutput, SamplingParams
 
 Prompt = str | list[int]
@@ -13,7 +13,7 @@ Prompt = str | list[int]
 
 class LLM:
     def __init__(self, model: str | None = None, **engine_args: object) -> None:
-        self.engine = LLMEngine.from_config(EngineConfig(model=model, **engine_args))
+        self.engine = build_engine(EngineConfig(model=model, **engine_args))
         self._ids = itertools.count()
 
     @property

@@ -130,11 +130,11 @@ def run(args: argparse.Namespace) -> int:
     from server.api.draining_server import DrainingServer
     from server.api.lifecycle import Lifecycle
     from server.engine.async_engine import AsyncEngine
-    from server.engine.engine import LLMEngine
+    from server.engine.builder import build_engine
 
     configure_logging(args.log_format)
     server_config = server_config_from_args(args, dict(os.environ))
-    llm_engine = LLMEngine.from_config(engine_config_from_args(args))
+    llm_engine = build_engine(engine_config_from_args(args))
     telemetry = build_telemetry(args, llm_engine, server_config.served_model_name)
     engine = AsyncEngine(llm_engine)
     lifecycle = Lifecycle()

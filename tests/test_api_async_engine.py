@@ -10,6 +10,7 @@ from server import LLM, SamplingParams
 from server.config import EngineConfig
 from server.engine import async_engine
 from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError
+from server.engine.builder import build_engine
 from server.engine.engine import LLMEngine
 from server.engine.request import QueueFullError
 from tests.tiny_model import write_tiny_llama
@@ -26,7 +27,7 @@ def tiny_folder(tmp_path_factory, smollm_folder):
 
 def make_engine(folder, **overrides) -> LLMEngine:
     config = EngineConfig(model=str(folder), dtype="float32", kv_cache_memory=8 * 2**20, **overrides)
-    return LLMEngine.from_config(config)
+    return build_engine(config)
 
 
 def run(coroutine_function, engine: AsyncEngine):

@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.engine.block_manager import BlockManager
+from server.engine.block_manager import NO_PREFIX, BlockManager, CachedPrefix
+from server.engine.request import Request
 from tests.engine_helpers import make_request
 
 NUM_BLOCKS = 24
@@ -17,11 +18,12 @@ operation = st.one_of(
 )
 
 
-def check_invariants(manager: BlockManager, live: list) -> None:
+def check_invariants(manager: BlockManager, live: list[Request]) -> None:
     owners: dict[int, int] = {}
     for request in live:
-        assert len(set(request.block_ids)) == len(request.block_ids), "a request holds a block twice"
-        for block_id in request.block_ids:
+        held = manager.block_ids(request.request_id)
+        assert len(set(held)) == len(held), "a request holds a block twice"
+        for block_id in held:
             owners[block_id] = owners.get(block_id, 0) + 1
     for block_id in range(manager.num_blocks):
         assert manager.ref_counts[block_id] == owners.get(block_id, 0)
@@ -30,12 +32,20 @@ def check_invariants(manager: BlockManager, live: list) -> None:
         assert manager.block_hash[block_id] == block_hash
 
 
-def compute(manager: BlockManager, request, num_tokens: int) -> bool:
-    if not manager.allocate_slots(request, num_tokens):
+def compute(manager: BlockManager, request: Request, num_tokens: int, prefix: CachedPrefix = NO_PREFIX) -> bool:
+    """What the scheduler does for a step of ``num_tokens`` new tokens, starting a new request from ``prefix``."""
+    computed = request.num_computed_tokens or prefix.num_tokens
+    if not manager.allocate_slots(request.request_id, computed + num_tokens, prefix):
         return False
-    request.num_computed_tokens += num_tokens
-    manager.cache_full_blocks(request)
+    request.num_computed_tokens = computed + num_tokens
+    manager.cache_full_blocks(request, request.num_computed_tokens)
     return True
+
+
+def admit(manager: BlockManager, request: Request) -> bool:
+    """Start a request from its cached prefix, computing the rest of its prompt; all or nothing."""
+    prefix = manager.find_cached_prefix(request.prompt_token_ids)
+    return compute(manager, request, request.num_tokens - prefix.num_tokens, prefix)
 
 
 @settings(max_examples=200, deadline=None)
@@ -47,12 +57,11 @@ def test_random_operations_never_hand_out_a_block_twice_and_free_everything(ops)
         if kind == "allocate":
             # Few distinct prompt families, so that prefixes repeat and get shared.
             request = make_request(f"r{index}", prompt_len=a, first_token=100 * b)
-            blocks, hashes = manager.find_cached_prefix(request.prompt_token_ids)
-            manager.allocate_prefix(request, blocks, hashes)
-            if compute(manager, request, request.num_tokens - request.num_computed_tokens):
+            free_before = manager.num_free_blocks
+            if admit(manager, request):
                 live.append(request)
             else:
-                manager.free(request)
+                assert manager.num_free_blocks == free_before and not manager.block_ids(request.request_id)
         elif kind == "append" and live:
             request = live[a % len(live)]
             for step in range(b):
@@ -64,18 +73,16 @@ def test_random_operations_never_hand_out_a_block_twice_and_free_everything(ops)
             parent = live[a % len(live)]
             child = make_request(f"c{index}", prompt_len=0)
             child.prompt_token_ids = list(parent.all_token_ids) + [b]
-            blocks, hashes = manager.find_cached_prefix(child.prompt_token_ids)
-            assert len(blocks) == min(len(parent.block_hashes), (len(child.prompt_token_ids) - 1) // BLOCK_SIZE)
-            manager.allocate_prefix(child, blocks, hashes)
-            if compute(manager, child, child.num_tokens - child.num_computed_tokens):
+            prefix = manager.find_cached_prefix(child.prompt_token_ids)
+            full_parent_blocks = parent.num_computed_tokens // BLOCK_SIZE
+            assert len(prefix.block_ids) == min(full_parent_blocks, (len(child.prompt_token_ids) - 1) // BLOCK_SIZE)
+            if admit(manager, child):
                 live.append(child)
-            else:
-                manager.free(child)
         elif kind == "free" and live:
-            manager.free(live.pop(a % len(live)))
+            manager.free(live.pop(a % len(live)).request_id)
         check_invariants(manager, live)
     for request in live:
-        manager.free(request)
+        manager.free(request.request_id)
     check_invariants(manager, [])
     assert manager.num_free_blocks == NUM_BLOCKS
 
@@ -84,13 +91,14 @@ def test_a_repeated_prefix_reuses_the_cached_blocks():
     manager = BlockManager(16, BLOCK_SIZE)
     first = make_request("first", prompt_len=10)
     compute(manager, first, 10)
-    manager.free(first)
+    first_blocks = list(manager.block_ids("first"))
+    manager.free("first")
     second = make_request("second", prompt_len=10)
-    blocks, hashes = manager.find_cached_prefix(second.prompt_token_ids)
-    assert blocks == first_blocks_of(manager, hashes) and len(blocks) == 2
-    manager.allocate_prefix(second, blocks, hashes)
-    assert second.num_computed_tokens == 8 and second.num_cached_tokens == 8
-    assert all(manager.ref_counts[b] == 1 for b in blocks)
+    prefix = manager.find_cached_prefix(second.prompt_token_ids)
+    assert prefix.block_ids == tuple(first_blocks[:2]) and prefix.num_tokens == 8
+    assert compute(manager, second, 2, prefix)
+    assert manager.block_ids("second")[:2] == first_blocks[:2]
+    assert all(manager.ref_counts[b] == 1 for b in prefix.block_ids)
 
 
 def test_a_different_parent_changes_every_later_block_hash():
@@ -99,20 +107,29 @@ def test_a_different_parent_changes_every_later_block_hash():
     compute(manager, first, 12)
     other = make_request("other", prompt_len=12)
     other.prompt_token_ids[0] = 999
-    assert manager.find_cached_prefix(other.prompt_token_ids) == ([], [])
+    assert manager.find_cached_prefix(other.prompt_token_ids) == NO_PREFIX
 
 
 def test_a_freed_block_keeps_its_hash_until_reused():
     manager = BlockManager(3, BLOCK_SIZE)
     first = make_request("first", prompt_len=9)
     compute(manager, first, 9)
-    manager.free(first)
+    manager.free("first")
     again = make_request("again", prompt_len=9).prompt_token_ids
-    assert len(manager.find_cached_prefix(again)[0]) == 2
+    assert len(manager.find_cached_prefix(again).block_ids) == 2
     hog = make_request("hog", prompt_len=12, first_token=5000)
     assert compute(manager, hog, 12)
-    assert manager.find_cached_prefix(again) == ([], [])
+    assert manager.find_cached_prefix(again) == NO_PREFIX
 
 
-def first_blocks_of(manager: BlockManager, hashes: list[int]) -> list[int]:
-    return [manager.cached_blocks[h] for h in hashes]
+def test_a_failed_allocation_claims_no_cached_block():
+    manager = BlockManager(4, BLOCK_SIZE)
+    first = make_request("first", prompt_len=9)
+    compute(manager, first, 9)
+    manager.free("first")
+    long = make_request("long", prompt_len=30)
+    prefix = manager.find_cached_prefix(long.prompt_token_ids)
+    assert prefix.num_tokens == 8
+    assert not compute(manager, long, 22, prefix)
+    assert manager.num_free_blocks == 4 and all(count == 0 for count in manager.ref_counts)
+    assert manager.find_cached_prefix(long.prompt_token_ids) == prefix

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels import cpu, reference
-from kernels.backend import select_attention_ops, select_layer_ops
+from kernels.backend import CpuAttention, TorchAttention, select_attention_backend, select_layer_ops
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +131,13 @@ def test_store_kv_matches_the_reference(compiled, tokens, dtype, seed):
 
 def test_cpu_tensors_take_the_compiled_kernel_by_default(compiled, monkeypatch):
     monkeypatch.delenv("VIGIL_ATTENTION_BACKEND", raising=False)
-    ops = select_attention_ops(torch.device("cpu"))
-    assert ops.name == "cpu" and ops.paged_decode_attention is compiled.paged_decode_attention
-    assert ops.paged_prefill_attention is compiled.paged_prefill_attention and ops.store_kv is compiled.store_kv
+    backend = select_attention_backend(torch.device("cpu"))
+    assert isinstance(backend, CpuAttention) and backend.name == "cpu" and backend.compiled is compiled
     monkeypatch.setenv("VIGIL_ATTENTION_BACKEND", "torch")
-    assert select_attention_ops(torch.device("cpu")).paged_decode_attention is reference.paged_decode_attention
+    assert isinstance(select_attention_backend(torch.device("cpu")), TorchAttention)
     monkeypatch.setenv("VIGIL_ATTENTION_BACKEND", "cuda-magic")
     with pytest.raises(ValueError, match="VIGIL_ATTENTION_BACKEND"):
-        select_attention_ops(torch.device("cpu"))
+        select_attention_backend(torch.device("cpu"))
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:

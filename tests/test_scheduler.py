@@ -145,3 +145,23 @@ def test_aborting_a_waiting_or_running_request_frees_everything():
     scheduler.finish_request(running, RequestStatus.FINISHED_ABORTED)
     assert not scheduler.has_unfinished
     assert scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
+
+
+def test_a_request_that_cannot_be_admitted_is_counted_in_the_prefix_cache_only_once_admitted():
+    scheduler = make_scheduler(num_blocks=6, block_size=4, max_num_batched_tokens=64)
+    scheduler.add_request(make_request("holder", prompt_len=16, max_tokens=2))
+    first = scheduler.schedule()
+    scheduler.update_from_output(first, fake_model_output(first))
+    blocked = make_request("blocked", prompt_len=21, max_tokens=1, first_token=500)
+    scheduler.add_request(blocked)
+    counted = []
+    while scheduler.has_unfinished:
+        output = scheduler.schedule()
+        scheduler.update_from_output(output, fake_model_output(output))
+        counted.append((output.prefix_cache_queries, [r.request_id for r in output.newly_scheduled]))
+        if blocked in scheduler.waiting:
+            assert blocked.num_cached_tokens == 0 and blocked.num_computed_tokens == 0
+    assert counted[0] == (0, [])
+    assert [queries for queries, admitted in counted if queries] == [21]
+    assert [admitted for _, admitted in counted if admitted] == [["blocked"]]
+    assert scheduler.block_manager.num_free_blocks == 6

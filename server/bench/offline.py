@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.matmul_peak import measure_matmul_peak
+from server.engine.builder import build_engine
 from server.engine.engine import LLMEngine
 from server.engine.request import SamplingParams
 from server.engine.stats import StepStats
@@ -93,7 +94,7 @@ def time_transformers(model, prompts: list[list[int]], output_len: int, batch_si
 
 def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
-    engine = LLMEngine.from_config(config)
+    engine = build_engine(config)
     prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed)
     warm_up(engine, args)
     peak_before = measure_matmul_peak(engine.runner.model.dtype, engine.runner.device)

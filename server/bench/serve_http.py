@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 
 from server.bench.offline import Throughput, describe_engine, random_prompts, time_engine
-from server.engine.engine import LLMEngine
+from server.engine.builder import build_engine
 from server.engine_args import engine_config_from_args, engine_flags
 
 READY_TIMEOUT_S = 600.0
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     """Rounds alternate the two sides, each round on fresh prompts (a cold prefix cache, as in bench offline),
     so that load from other processes on the machine falls on both alike."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
-    engine = LLMEngine.from_config(engine_config_from_args(args))
+    engine = build_engine(engine_config_from_args(args))
     warm_up = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed - 1)
     time_engine(engine, warm_up, WARM_UP_TOKENS)
     offline: list[Throughput] = []

@@ -1,7 +1,13 @@
-"""Paged KV blocks: allocation, reference counts and prefix caching by chained block hashes."""
+"""Paged KV blocks: allocation, reference counts and prefix caching by chained block hashes.
+
+The block manager alone knows which blocks a request holds. The scheduler asks it for a request's cached prefix
+and for room, and reads block ids back; it never sees the pool's bookkeeping, and the block manager never writes
+a request's fields.
+"""
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from server.engine.request import Request
 
@@ -11,8 +17,20 @@ def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     return hash((parent_hash, tuple(token_ids)))
 
 
+@dataclass(frozen=True)
+class CachedPrefix:
+    """The longest run of full blocks at the start of a prompt that the cache already holds."""
+
+    block_ids: tuple[int, ...] = ()
+    hashes: tuple[int, ...] = ()
+    num_tokens: int = 0
+
+
+NO_PREFIX = CachedPrefix()
+
+
 class BlockManager:
-    """Hands out KV blocks to requests.
+    """Hands out KV blocks to requests, by request id.
 
     A freed block keeps its hash (and so its cached KV) until it is handed out again. Free blocks are
     evicted oldest first; blocks without a hash go to the front of that line, as they hold nothing reusable.
@@ -26,6 +44,8 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached_blocks: dict[int, int] = {}
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._held: dict[str, list[int]] = {}
+        self._held_hashes: dict[str, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -35,17 +55,19 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self.free_blocks)
 
-    def find_cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
-        """Block ids and hashes of the longest cached run of full blocks at the start of ``token_ids``.
+    def block_ids(self, request_id: str) -> list[int]:
+        """The blocks ``request_id`` holds, in token order (read them; do not change them)."""
+        return self._held.get(request_id, [])
 
-        The last token is never served from cache, so that the request still computes its next logits.
-        """
+    def find_cached_prefix(self, token_ids: Sequence[int]) -> CachedPrefix:
+        """Look up, without claiming anything. The last token is never served from cache, so that the request
+        still computes its next logits."""
         if not self.enable_prefix_caching:
-            return [], []
+            return NO_PREFIX
         block_ids: list[int] = []
         hashes: list[int] = []
         parent: int | None = None
-        for start in range(0, len(token_ids) - 1 - self.block_size + 1, self.block_size):
+        for start in range(0, len(token_ids) - self.block_size, self.block_size):
             block_hash = hash_block(parent, token_ids[start : start + self.block_size])
             block_id = self.cached_blocks.get(block_hash)
             if block_id is None:
@@ -53,58 +75,53 @@ class BlockManager:
             block_ids.append(block_id)
             hashes.append(block_hash)
             parent = block_hash
-        return block_ids, hashes
+        return CachedPrefix(tuple(block_ids), tuple(hashes), len(block_ids) * self.block_size)
 
-    def allocate_prefix(self, request: Request, block_ids: list[int], hashes: list[int]) -> None:
-        """Give a waiting request the cached blocks found for it."""
-        for block_id in block_ids:
-            if self.ref_counts[block_id] == 0:
-                del self.free_blocks[block_id]
-            self.ref_counts[block_id] += 1
-        request.block_ids = list(block_ids)
-        request.block_hashes = list(hashes)
-        request.num_computed_tokens = len(block_ids) * self.block_size
-        request.num_cached_tokens = request.num_computed_tokens
-
-    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        total = request.num_computed_tokens + num_new_tokens
-        return max(0, -(-total // self.block_size) - len(request.block_ids))
-
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Make room for ``num_new_tokens`` more tokens; False, changing nothing, if blocks are short."""
-        needed = self.num_blocks_needed(request, num_new_tokens)
-        if needed > len(self.free_blocks):
+    def allocate_slots(self, request_id: str, num_tokens: int, prefix: CachedPrefix = NO_PREFIX) -> bool:
+        """Let ``request_id`` hold room for ``num_tokens`` tokens in all, starting a request that holds nothing
+        yet from ``prefix``. All or nothing: False, changing nothing, when the free blocks are too few."""
+        held = self._held.get(request_id)
+        claimed = prefix.block_ids if held is None else ()
+        needed = max(0, -(-num_tokens // self.block_size) - (len(claimed) if held is None else len(held)))
+        reclaimed = sum(1 for block_id in claimed if self.ref_counts[block_id] == 0)
+        if needed + reclaimed > len(self.free_blocks):
             return False
+        if held is None:
+            for block_id in claimed:
+                if self.ref_counts[block_id] == 0:
+                    del self.free_blocks[block_id]
+                self.ref_counts[block_id] += 1
+            held = self._held[request_id] = list(claimed)
+            self._held_hashes[request_id] = list(prefix.hashes)
         for _ in range(needed):
-            request.block_ids.append(self._take_free_block())
+            held.append(self._take_free_block())
         return True
 
-    def cache_full_blocks(self, request: Request) -> None:
-        """Publish the hashes of the request's blocks that are now full of computed tokens."""
+    def cache_full_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Publish the hashes of the request's blocks that ``num_computed_tokens`` have filled."""
         if not self.enable_prefix_caching:
             return
-        num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
-        for index in range(len(request.block_hashes), num_full):
-            parent = request.block_hashes[-1] if request.block_hashes else None
+        held, hashes = self._held[request.request_id], self._held_hashes[request.request_id]
+        num_full = min(num_computed_tokens, request.num_tokens) // self.block_size
+        for index in range(len(hashes), num_full):
+            parent = hashes[-1] if hashes else None
             start = index * self.block_size
-            tokens = [request.token_at(p) for p in range(start, start + self.block_size)]
-            block_hash = hash_block(parent, tokens)
-            request.block_hashes.append(block_hash)
-            block_id = request.block_ids[index]
+            block_hash = hash_block(parent, [request.token_at(p) for p in range(start, start + self.block_size)])
+            hashes.append(block_hash)
+            block_id = held[index]
             if block_hash not in self.cached_blocks and self.block_hash[block_id] is None:
                 self.cached_blocks[block_hash] = block_id
                 self.block_hash[block_id] = block_hash
 
-    def free(self, request: Request) -> None:
+    def free(self, request_id: str) -> None:
         """Drop the request's claim on its blocks, tail first so that shared prefixes are evicted last."""
-        for block_id in reversed(request.block_ids):
+        self._held_hashes.pop(request_id, None)
+        for block_id in reversed(self._held.pop(request_id, [])):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
                 self.free_blocks[block_id] = None
                 if self.block_hash[block_id] is None:
                     self.free_blocks.move_to_end(block_id, last=False)
-        request.block_ids = []
-        request.block_hashes = []
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)

@@ -2,13 +2,13 @@
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.backend import select_attention_ops, select_layer_ops
+from kernels.backend import select_attention_backend, select_layer_ops
 from server.config import EngineConfig
 from server.engine.block_manager import BlockManager
+from server.engine.engine import LLMEngine
 from server.engine.model_runner import ModelRunner, kv_bytes_per_block
 from server.engine.scheduler import Scheduler, SchedulerConfig
 from server.engine.stats import CacheInfo
@@ -17,9 +17,6 @@ from server.models.linear import fp16_weight_gemm_available
 from server.models.llama import LlamaModel
 from server.models.loader import load_weights, resolve_model_folder
 from server.models.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from server.engine.engine import LLMEngine
 
 logger = logging.getLogger("vigil.engine")
 
@@ -90,7 +87,8 @@ def count_kv_blocks(config: EngineConfig, bytes_per_block: int, device: torch.de
     return num_blocks
 
 
-def build_engine(engine_cls: type["LLMEngine"], config: EngineConfig) -> "LLMEngine":
+def build_engine(config: EngineConfig) -> LLMEngine:
+    """The one way to make an engine: load the model, size the KV pool, wire the scheduler."""
     folder = resolve_model_folder(config.model, Path(config.cache_dir) if config.cache_dir else None)
     model_config = ModelConfig.from_folder(folder)
     tokenizer = Tokenizer.from_folder(folder)
@@ -98,8 +96,8 @@ def build_engine(engine_cls: type["LLMEngine"], config: EngineConfig) -> "LLMEng
     dtype = resolve_dtype(config.dtype, model_config, device)
     weights = {name: w.to(device) for name, w in load_weights(folder, dtype).items()}
     weight_dtype = resolve_weight_dtype(config.weight_dtype, dtype, device)
-    ops = select_attention_ops(device)
-    model = LlamaModel(model_config, weights, ops, select_layer_ops(device), device, weight_dtype)
+    attention = select_attention_backend(device)
+    model = LlamaModel(model_config, weights, attention, select_layer_ops(device), device, weight_dtype)
     del weights
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                         model_config.max_position_embeddings)
@@ -112,7 +110,7 @@ def build_engine(engine_cls: type["LLMEngine"], config: EngineConfig) -> "LLMEng
     logger.info(
         "KV cache: %d blocks of %d tokens (%.1f MiB) in %s on %s; compute %s, weights %s; attention backend %s",
         num_blocks, config.block_size, cache_info.total_bytes / 2**20, kv_dtype, device, dtype, weight_dtype,
-        ops.name,
+        attention.name,
     )
     runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, device)
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -124,4 +122,4 @@ def build_engine(engine_cls: type["LLMEngine"], config: EngineConfig) -> "LLMEng
         ),
         block_manager,
     )
-    return engine_cls(config, model_config, tokenizer, scheduler, runner, cache_info, max_model_len)
+    return LLMEngine(config, model_config, tokenizer, scheduler, runner, cache_info, max_model_len)

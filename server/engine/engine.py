@@ -45,12 +45,6 @@ class LLMEngine:
         self._pending_events: list[RequestEvent] = []
         self._pending_finished: list[FinishedRequestStats] = []
 
-    @classmethod
-    def from_config(cls, config: EngineConfig) -> "LLMEngine":
-        from server.engine.builder import build_engine
-
-        return build_engine(cls, config)
-
     @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
@@ -184,6 +178,7 @@ class LLMEngine:
         num_decode = sum(1 for s in scheduled.scheduled if s.is_decode)
         block_manager = self.scheduler.block_manager
         running = self.scheduler.running
+        blocks_held = sum(len(block_manager.block_ids(r.request_id)) for r in running)
         return StepStats(
             timestamp=now,
             step_duration_s=now - started,
@@ -191,7 +186,7 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             num_kv_blocks_used=block_manager.num_used_blocks,
             num_kv_blocks_total=block_manager.num_blocks,
-            num_kv_slots_held=sum(len(r.block_ids) for r in running) * block_manager.block_size,
+            num_kv_slots_held=blocks_held * block_manager.block_size,
             num_kv_slots_filled=sum(r.num_computed_tokens for r in running),
             num_scheduled_tokens=scheduled.num_scheduled_tokens,
             num_prefill_seqs=len(scheduled.scheduled) - num_decode,

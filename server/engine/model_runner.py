@@ -2,27 +2,17 @@
 
 import torch
 
-from server.engine.request import Request
+from kernels.backend import AttentionBatch, AttentionMetadata
 from server.engine.sampler import Sampler
 from server.engine.scheduler import SchedulerOutput
 from server.models.config import ModelConfig
-from server.models.llama import AttentionMetadata, LlamaModel
+from server.models.llama import LlamaModel
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """K and V, every layer, one block."""
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     return per_token * block_size * dtype.itemsize
-
-
-def _int_tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32, device=device)
-
-
-def _block_tables(requests: list[Request], device: torch.device) -> torch.Tensor:
-    width = max((len(r.block_ids) for r in requests), default=0)
-    rows = [r.block_ids + [0] * (width - len(r.block_ids)) for r in requests]
-    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(requests), width)
 
 
 class ModelRunner:
@@ -56,16 +46,14 @@ class ModelRunner:
         tokens = iter(self.sampler.sample(logits, sampling))
         return [next(tokens) if s.samples else None for s in output.scheduled]
 
-    def _prepare(
-        self, output: SchedulerOutput
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    def _prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """Token ids, positions, attention metadata and the rows to sample, built once for the whole step."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
-        decodes: list[Request] = []
-        prefills: list[Request] = []
-        cu_seqlens = [0]
+        query_starts = [0]
+        block_size = self.block_size
         for item in output.scheduled:
             request, start = item.request, item.start
             end = start + item.num_new_tokens
@@ -73,29 +61,26 @@ class ModelRunner:
             for pos in range(start, end):
                 input_ids.append(all_ids[pos] if all_ids is not None else request.token_at(pos))
                 positions.append(pos)
-                slots.append(request.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size)
+                slots.append(item.block_ids[pos // block_size] * block_size + pos % block_size)
             if item.samples:
                 sample_rows.append(len(input_ids) - 1)
-            if item.num_new_tokens == 1:
-                decodes.append(request)
-            else:
-                prefills.append(request)
-                cu_seqlens.append(cu_seqlens[-1] + item.num_new_tokens)
-        device = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            num_decode_tokens=len(decodes),
-            decode_block_tables=_block_tables(decodes, device),
-            decode_seq_lens=_int_tensor([s.start + 1 for s in output.scheduled[: len(decodes)]], device),
-            prefill_block_tables=_block_tables(prefills, device),
-            prefill_cu_seqlens_q=_int_tensor(cu_seqlens, device),
-            prefill_seq_lens=_int_tensor(
-                [s.start + s.num_new_tokens for s in output.scheduled[len(decodes) :]], device
-            ),
+            if item.num_new_tokens > 1:
+                query_starts.append(query_starts[-1] + item.num_new_tokens)
+        # The scheduler puts single-token steps (decode kernel) first, chunks of several tokens (prefill) after.
+        num_decode = len(output.scheduled) - (len(query_starts) - 1)
+        decodes, prefills = output.scheduled[:num_decode], output.scheduled[num_decode:]
+        batch = AttentionBatch(
+            slot_mapping=slots,
+            decode_block_tables=[s.block_ids for s in decodes],
+            decode_seq_lens=[s.start + 1 for s in decodes],
+            prefill_block_tables=[s.block_ids for s in prefills],
+            prefill_query_starts=query_starts,
+            prefill_seq_lens=[s.start + s.num_new_tokens for s in prefills],
         )
+        device = self.device
         return (
             torch.tensor(input_ids, dtype=torch.long, device=device),
             torch.tensor(positions, dtype=torch.long, device=device),
-            meta,
+            self.model.attention.prepare(batch),
             torch.tensor(sample_rows, dtype=torch.long, device=device),
         )

@@ -123,8 +123,6 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    block_ids: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: str | int | None = None
     times: RequestTimes = field(default_factory=RequestTimes)

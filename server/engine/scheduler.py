@@ -17,17 +17,14 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """``num_new_tokens`` of ``request``, starting at position ``start``, run in this step."""
+    """``num_new_tokens`` of ``request``, starting at position ``start``, run in this step over the KV blocks
+    ``block_ids``."""
 
     request: Request
     start: int
     num_new_tokens: int
     samples: bool
-
-    @classmethod
-    def of(cls, request: Request, num_new_tokens: int) -> "ScheduledRequest":
-        start = request.num_computed_tokens
-        return cls(request, start, num_new_tokens, start + num_new_tokens == request.num_tokens)
+    block_ids: list[int]
 
     @property
     def is_decode(self) -> bool:
@@ -90,14 +87,14 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.block_manager.allocate_slots(request, num_new):
+            while not self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens + num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
                 output.preempted.append(victim)
                 if victim is request:
                     break
             else:
-                output.scheduled.append(ScheduledRequest.of(request, num_new))
+                output.scheduled.append(self._scheduled(request, num_new))
                 budget -= num_new
                 index += 1
         return budget
@@ -105,28 +102,32 @@ class Scheduler:
     def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if not request.block_ids:
-                block_ids, hashes = self.block_manager.find_cached_prefix(request.all_token_ids)
-                self.block_manager.allocate_prefix(request, block_ids, hashes)
-                output.prefix_cache_queries += request.num_tokens
-                output.prefix_cache_hits += request.num_computed_tokens
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.block_manager.allocate_slots(request, num_new):
-                self.block_manager.free(request)
-                request.num_computed_tokens = 0
+            prefix = self.block_manager.find_cached_prefix(request.all_token_ids)
+            num_new = min(request.num_tokens - prefix.num_tokens, budget)
+            if not self.block_manager.allocate_slots(request.request_id, prefix.num_tokens + num_new, prefix):
                 break
             self.waiting.popleft()
+            request.num_computed_tokens = request.num_cached_tokens = prefix.num_tokens
+            output.prefix_cache_queries += request.num_tokens
+            output.prefix_cache_hits += prefix.num_tokens
             request.status = RequestStatus.RUNNING
             if request.times.scheduled is None:
                 request.times.scheduled = time.monotonic()
             self.running.append(request)
             output.newly_scheduled.append(request)
-            output.scheduled.append(ScheduledRequest.of(request, num_new))
+            output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
+
+    def _scheduled(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        return ScheduledRequest(
+            request, start, num_new_tokens, start + num_new_tokens == request.num_tokens,
+            self.block_manager.block_ids(request.request_id),
+        )
 
     def _preempt(self, request: Request) -> None:
         """Preemption by recompute: the request loses its blocks and goes back to the front of the line."""
-        self.block_manager.free(request)
+        self.block_manager.free(request.request_id)
         request.num_computed_tokens = 0
         request.num_cached_tokens = 0
         request.num_preemptions += 1
@@ -144,7 +145,7 @@ class Scheduler:
         request.status = status
         request.stop_reason = stop_reason
         request.times.finished = time.monotonic()
-        self.block_manager.free(request)
+        self.block_manager.free(request.request_id)
 
     def update_from_output(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
         """Advance the scheduled requests past this step; returns those that received a token."""
@@ -154,7 +155,7 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue
             request.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_full_blocks(request)
+            self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
             if token is None:
                 continue
             request.output_token_ids.append(token)

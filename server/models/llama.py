@@ -5,26 +5,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import AttentionOps, LayerOps
+from kernels.backend import AttentionBackend, AttentionMetadata, LayerOps
 from server.models.config import ModelConfig
 from server.models.linear import Linear, make_linear
-
-
-@dataclass
-class AttentionMetadata:
-    """Where each token's K/V goes and what each query attends to.
-
-    Rows ``[:num_decode_tokens]`` are single-token steps (one per sequence, decode kernel); the rest are
-    chunks of several tokens (prefill kernel).
-    """
-
-    slot_mapping: torch.Tensor
-    num_decode_tokens: int
-    decode_block_tables: torch.Tensor
-    decode_seq_lens: torch.Tensor
-    prefill_block_tables: torch.Tensor
-    prefill_cu_seqlens_q: torch.Tensor
-    prefill_seq_lens: torch.Tensor
 
 
 @dataclass
@@ -57,13 +40,13 @@ class LlamaModel:
         self,
         config: ModelConfig,
         weights: dict[str, torch.Tensor],
-        ops: AttentionOps,
+        attention: AttentionBackend,
         layer_ops: LayerOps,
         device: torch.device,
         weight_dtype: torch.dtype,
     ) -> None:
         self.config = config
-        self.ops = ops
+        self.attention = attention
         self.layer_ops = layer_ops
         self.scale = config.head_dim**-0.5
         embed_tokens = weights["model.embed_tokens.weight"]
@@ -103,8 +86,8 @@ class LlamaModel:
         ops, eps = self.layer_ops, self.config.rms_norm_eps
         next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         normed = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
-        for layer, next_norm, (k_cache, v_cache) in zip(self.layers, next_norms, kv_caches, strict=True):
-            attended = self._attention(layer, normed, positions, k_cache, v_cache, meta)
+        for layer, next_norm, kv_cache in zip(self.layers, next_norms, kv_caches, strict=True):
+            attended = self._attention(layer, normed, positions, kv_cache, meta)
             hidden, normed = ops.add_rms_norm(hidden, layer.o_proj(attended), layer.post_attention_norm, eps)
             mlp_out = layer.down(ops.silu_mul(layer.gate_up(normed)))
             hidden, normed = ops.add_rms_norm(hidden, mlp_out, next_norm, eps)
@@ -118,8 +101,7 @@ class LlamaModel:
         layer: LayerWeights,
         x: torch.Tensor,
         positions: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         cfg = self.config
@@ -131,20 +113,4 @@ class LlamaModel:
         k = k.view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
         v = v.view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
         q, k = self.layer_ops.rotary(positions, q, k, self.rotary.cos, self.rotary.sin)
-        self.ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        num_decode = meta.num_decode_tokens
-        if num_decode == num_tokens:
-            out = self.ops.paged_decode_attention(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale
-            )
-        else:
-            out = torch.empty_like(q)
-            if num_decode:
-                out[:num_decode] = self.ops.paged_decode_attention(
-                    q[:num_decode], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale
-                )
-            out[num_decode:] = self.ops.paged_prefill_attention(
-                q[num_decode:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q,
-                meta.prefill_seq_lens, self.scale,
-            )
-        return out.reshape(num_tokens, q_size)
+        return self.attention.forward(q, k, v, kv_cache, meta, self.scale).reshape(num_tokens, q_size)

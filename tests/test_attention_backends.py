@@ -1,0 +1,102 @@
+"""The attention backend interface: prepare() once, forward() per layer, on a step that mixes decodes with chunked
+prefills over cached prefixes; every backend stores the same K/V and attends as the torch oracle does."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import cpu
+from kernels.backend import (
+    AttentionBackend,
+    AttentionBatch,
+    CpuAttention,
+    TorchAttention,
+    TritonAttention,
+)
+
+BLOCK_SIZE, NUM_BLOCKS, KV_HEADS, HEADS, HEAD_DIM = 16, 40, 2, 6, 64
+DEVICE = torch.device("cpu")
+
+
+def backends() -> list[AttentionBackend]:
+    compiled = cpu.load()
+    assert compiled is not None, "the C++ kernels must build on this machine (g++ and ninja)"
+    return [CpuAttention(DEVICE, compiled), TritonAttention(DEVICE)]
+
+
+def mixed_batch(decode_lens: list[int], prefills: list[tuple[int, int]], generator: torch.Generator) -> AttentionBatch:
+    """Decodes at context lengths ``decode_lens``, then (cached, new) prefill chunks, over scattered blocks."""
+    order = torch.randperm(NUM_BLOCKS, generator=generator).tolist()
+    lengths = decode_lens + [cached + new for cached, new in prefills]
+    tables = [[order.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in lengths]
+    new_tokens = [1] * len(decode_lens) + [new for _, new in prefills]
+    slots = [
+        table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+        for table, length, new in zip(tables, lengths, new_tokens, strict=True)
+        for pos in range(length - new, length)
+    ]
+    starts = [0]
+    for _, new in prefills:
+        starts.append(starts[-1] + new)
+    num_decode = len(decode_lens)
+    return AttentionBatch(
+        slot_mapping=slots,
+        decode_block_tables=tables[:num_decode],
+        decode_seq_lens=decode_lens,
+        prefill_block_tables=tables[num_decode:],
+        prefill_query_starts=starts,
+        prefill_seq_lens=lengths[num_decode:],
+    )
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    decode_lens=st.lists(st.integers(1, 90), max_size=3),
+    prefills=st.lists(st.tuples(st.integers(0, 60), st.integers(2, 40)), max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_every_backend_stores_and_attends_as_the_oracle(decode_lens, prefills, seed):
+    if not decode_lens and not prefills:
+        return
+    generator = torch.Generator().manual_seed(seed)
+    batch = mixed_batch(decode_lens, prefills, generator)
+    num_tokens = len(batch.slot_mapping)
+    q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator)
+    k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator) for _ in range(2))
+    shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    start_caches = [torch.randn(shape, generator=generator) for _ in range(2)]
+
+    def run(backend: AttentionBackend) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        caches = [cache.clone() for cache in start_caches]
+        out = backend.forward(q, k, v, (caches[0], caches[1]), backend.prepare(batch), HEAD_DIM**-0.5)
+        return out, caches
+
+    expected, expected_caches = run(TorchAttention(DEVICE))
+    for backend in backends():
+        out, caches = run(backend)
+        assert all(torch.equal(a, b) for a, b in zip(caches, expected_caches, strict=True)), backend.name
+        assert out.shape == q.shape
+        assert float((out - expected).abs().max()) < 1e-4, backend.name
+
+
+def test_metadata_carries_the_host_sizes_the_kernels_would_otherwise_sync_for():
+    batch = mixed_batch([5, 33], [(0, 7), (20, 12)], torch.Generator().manual_seed(0))
+    meta = TorchAttention(DEVICE).prepare(batch)
+    assert meta.num_decode_tokens == 2 and meta.decode_max_seq_len == 33
+    assert meta.prefill_query_starts == [0, 7, 19] and meta.prefill_context_lens == [7, 32]
+    assert meta.prefill_max_query_len == 12
+    assert meta.prefill_cu_seqlens_q.tolist() == [0, 7, 19]
+    assert meta.decode_block_tables.shape == (2, 3) and meta.prefill_block_tables.shape == (2, 2)
+
+
+@pytest.mark.parametrize("backend_cls", [TorchAttention, TritonAttention])
+def test_an_empty_side_of_the_step_is_left_alone(backend_cls):
+    batch = mixed_batch([9, 17], [], torch.Generator().manual_seed(1))
+    backend = backend_cls(DEVICE)
+    meta = backend.prepare(batch)
+    assert meta.prefill_block_tables.shape[0] == 0 and meta.prefill_max_query_len == 0
+    caches = [torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM) for _ in range(2)]
+    q = torch.randn(2, HEADS, HEAD_DIM)
+    k = v = torch.randn(2, KV_HEADS, HEAD_DIM)
+    assert backend.forward(q, k, v, (caches[0], caches[1]), meta, 0.125).shape == q.shape
