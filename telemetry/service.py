@@ -1,15 +1,20 @@
 """Telemetry as a whole: builds the sinks, subscribes them to the engine, serves /metrics, shuts down."""
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from server.engine.engine import LLMEngine
+from server.engine.request import INTERNAL_REQUEST_PREFIX
+from server.engine.stats import StepStats
 from telemetry.hardware import HardwareSampler
 from telemetry.metrics import LATENCY_BUCKETS, VigilMetrics
-from telemetry.recorder import StatsRecorder
+from telemetry.stat_loggers.base import StatLogger
+from telemetry.stat_loggers.log_lines import LoggingStatLogger
+from telemetry.stat_loggers.prometheus import PrometheusStatLogger
+from telemetry.stat_loggers.spans import TracingStatLogger
 from telemetry.tracing import RequestTracer, build_tracer_provider
 
 
@@ -25,7 +30,7 @@ class TelemetryConfig:
 
 
 class Telemetry:
-    """Owns the registry, the recorder, the tracer and the hardware sampler of one server."""
+    """Owns the registry, the stat loggers, the tracer and the hardware sampler of one server."""
 
     def __init__(self, config: TelemetryConfig, engine: LLMEngine, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -41,16 +46,27 @@ class Telemetry:
         ).set(1)
         self.provider = build_tracer_provider("vigil", config.otlp_endpoint, config.otlp_protocol)
         self.tracer = RequestTracer(self.provider) if self.provider is not None else None
-        tokenizer = engine.tokenizer
-        self.recorder = StatsRecorder(
-            self.metrics,
-            self.tracer,
-            engine.eos_token_ids,
-            decode_tokens=tokenizer.decode if config.log_requests else None,
-            matmul_peak_flops=config.matmul_peak_flops,
+        trace_id_of = self.tracer.trace_id if self.tracer is not None else None
+        self.stat_loggers: list[StatLogger] = [
+            PrometheusStatLogger(self.metrics, engine.eos_token_ids, config.matmul_peak_flops, trace_id_of),
+            LoggingStatLogger(
+                engine.eos_token_ids, engine.tokenizer.decode if config.log_requests else None, trace_id_of
+            ),
+        ]
+        if self.tracer is not None:
+            self.stat_loggers.append(TracingStatLogger(self.tracer))  # last: it ends the spans the others read
+        self.sampler = HardwareSampler(
+            self.metrics, config.hardware_interval_s, on_tick=[logger.tick for logger in self.stat_loggers]
         )
-        self.sampler = HardwareSampler(self.metrics, config.hardware_interval_s, on_tick=[self.recorder.tick])
-        engine.stats_listeners.append(self.recorder.on_step)
+        engine.stats_listeners.append(self.record)
+
+    def record(self, stats: StepStats) -> None:
+        """Feed one step to every stat logger; the server's own requests (readiness canaries) are left out."""
+        if any(f.request_id.startswith(INTERNAL_REQUEST_PREFIX) for f in stats.finished):
+            served = [f for f in stats.finished if not f.request_id.startswith(INTERNAL_REQUEST_PREFIX)]
+            stats = replace(stats, finished=served)
+        for logger in self.stat_loggers:
+            logger.record(stats)
 
     def start(self) -> None:
         self.sampler.start()

@@ -1,4 +1,4 @@
-"""Telemetry's cost: offline throughput with the recorder on and off, alternated in one run, and the time to
+"""Telemetry's cost: offline throughput with the stat loggers on and off, alternated in one run, and the time to
 render /metrics once 10,000 finished requests have been recorded."""
 
 import argparse
@@ -9,13 +9,14 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from server.bench.offline import random_prompts, time_engine, warm_up
-from server.engine.engine import LLMEngine
+from server.engine.builder import build_engine
 from server.engine.request import SamplingParams
 from server.engine.stats import FinishedRequestStats, StepStats
 from server.engine_args import engine_config_from_args
 from telemetry.logging import configure_logging
 from telemetry.metrics import VigilMetrics
-from telemetry.recorder import StatsRecorder
+from telemetry.service import Telemetry, TelemetryConfig
+from telemetry.stat_loggers.prometheus import PrometheusStatLogger
 
 
 def synthetic_finished(index: int) -> FinishedRequestStats:
@@ -53,10 +54,10 @@ def render_time(num_requests: int) -> tuple[float, int]:
     from prometheus_client.exposition import generate_latest
 
     registry = CollectorRegistry()
-    recorder = StatsRecorder(VigilMetrics("bench", registry))
+    prometheus = PrometheusStatLogger(VigilMetrics("bench", registry))
     for first in range(0, num_requests, 100):
         finished = [synthetic_finished(i) for i in range(first, min(first + 100, num_requests))]
-        recorder.on_step(StepStats(
+        prometheus.record(StepStats(
             timestamp=time.monotonic(), step_duration_s=0.02, num_running=64, num_waiting=0,
             num_kv_blocks_used=100, num_kv_blocks_total=1000, num_kv_slots_held=1600, num_kv_slots_filled=1560,
             num_scheduled_tokens=64, num_prefill_seqs=0,
@@ -73,11 +74,12 @@ def render_time(num_requests: int) -> tuple[float, int]:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging("console", "WARNING")  # one request_finished line per request would drown the figures
-    engine = LLMEngine.from_config(engine_config_from_args(args))
-    recorder = StatsRecorder(VigilMetrics("bench", CollectorRegistry()), eos_token_ids=engine.eos_token_ids)
+    engine = build_engine(engine_config_from_args(args))
+    telemetry = Telemetry(TelemetryConfig(model="bench"), engine, CollectorRegistry())
+    engine.stats_listeners.clear()
     warm_up(engine, args)
     rates: dict[bool, list[float]] = {True: [], False: []}
-    recording = Timed(recorder.on_step)
+    recording = Timed(telemetry.record)
     # The engine builds its stats objects only while someone listens: that share is telemetry's too.
     building = engine._step_stats = Timed(engine._step_stats)
     engine_seconds = 0.0
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"telemetry off: {off:8.1f} output tok/s   (rounds: {', '.join(f'{r:.1f}' for r in rates[False])})")
     print(f"overhead     : {100 * (off - on) / off:8.2f} %   (median against median; rounds vary with the machine)")
     spent = recording.seconds + building.seconds
-    print(f"stats building + recorder on the engine thread: {spent / recording.calls * 1e6:.0f} us per step "
+    print(f"stats building + stat loggers on the engine thread: {spent / recording.calls * 1e6:.0f} us per step "
           f"({building.seconds / recording.calls * 1e6:.0f} + {recording.seconds / recording.calls * 1e6:.0f}), "
           f"{100 * spent / engine_seconds:.2f} % of the engine's time with telemetry on ({recording.calls} steps)")
     print(f"/metrics render with 10,000 finished requests recorded: {seconds * 1e3:.2f} ms, {size} bytes")

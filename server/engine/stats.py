@@ -50,6 +50,20 @@ class FinishedRequestStats:
     sampling_params: SamplingParams
     output_token_ids: tuple[int, ...]
 
+    def timings(self) -> dict[str, float | None]:
+        """Queue, prefill, decode and end-to-end intervals in seconds; None where a moment was never reached."""
+
+        def between(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else max(0.0, end - start)
+
+        return {
+            "queue_s": between(self.arrival_time, self.scheduled_time),
+            "ttft_s": between(self.arrival_time, self.first_token_time),
+            "prefill_s": between(self.scheduled_time, self.first_token_time),
+            "decode_s": between(self.first_token_time, self.last_token_time),
+            "duration_s": between(self.arrival_time, self.finished_time),
+        }
+
 
 @dataclass(frozen=True)
 class StepStats:

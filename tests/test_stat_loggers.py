@@ -1,4 +1,5 @@
-"""The stats recorder on the real engine: metric values, GenAI spans and JSON log lines match what ran."""
+"""The stat loggers on the real engine, fed the same stats: metric values, GenAI spans and JSON log lines match
+what ran."""
 
 import io
 import json
@@ -11,7 +12,9 @@ from prometheus_client import CollectorRegistry
 from server import SamplingParams
 from telemetry.logging import configure_logging
 from telemetry.metrics import VigilMetrics
-from telemetry.recorder import StatsRecorder
+from telemetry.stat_loggers.log_lines import LoggingStatLogger
+from telemetry.stat_loggers.prometheus import PrometheusStatLogger
+from telemetry.stat_loggers.spans import TracingStatLogger
 from telemetry.tracing import RequestTracer, build_tracer_provider
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -26,11 +29,20 @@ def recorded_run(llm_fp32):
     provider = build_tracer_provider("vigil-test", None, exporter=exporter)
     tracer = RequestTracer(provider)
     engine = llm_fp32.engine
-    recorder = StatsRecorder(metrics, tracer, engine.eos_token_ids, stats_log_interval_s=0.0)
+    loggers = [
+        PrometheusStatLogger(metrics, engine.eos_token_ids, trace_id_of=tracer.trace_id),
+        LoggingStatLogger(engine.eos_token_ids, trace_id_of=tracer.trace_id, interval_s=0.0),
+        TracingStatLogger(tracer),
+    ]
+
+    def record(stats):
+        for logger in loggers:
+            logger.record(stats)
+
     log_stream = io.StringIO()
     configure_logging("json")
     logging.getLogger().handlers[0].stream = log_stream
-    engine.stats_listeners.append(recorder.on_step)
+    engine.stats_listeners.append(record)
     requests = [
         ("a", "The capital of France is", SamplingParams(temperature=0.0, max_tokens=5)),
         ("b", "Once upon a time", SamplingParams(temperature=0.7, top_p=0.9, seed=3, max_tokens=9, ignore_eos=True)),
@@ -46,9 +58,10 @@ def recorded_run(llm_fp32):
         while engine.has_unfinished_requests():
             for output in engine.step():
                 outputs[output.request_id] = output
-        recorder.tick()
+        for logger in loggers:
+            logger.tick()
     finally:
-        engine.stats_listeners.remove(recorder.on_step)
+        engine.stats_listeners.remove(record)
     provider.force_flush()
     logs = [json.loads(line) for line in log_stream.getvalue().splitlines()]
     return registry, exporter.get_finished_spans(), logs, outputs, requests

@@ -1,0 +1,1 @@
+"""One stat logger per sink, each fed the same engine stats: Prometheus metrics, OpenTelemetry spans, log lines."""
