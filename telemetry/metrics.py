@@ -23,6 +23,7 @@ ERROR_REASONS = (
 ANOMALY_KINDS = ("repetition_loop", "empty", "length_capped")
 FINISH_REASONS = ("stop", "length", "abort")
 GPU_LABELS = ("gpu", "name")
+HARDWARE_FIELDS = ("device", "temperature", "memory", "utilization", "power", "throttle", "host_cpu", "host_memory")
 
 
 class VigilMetrics:
@@ -60,6 +61,14 @@ class VigilMetrics:
         self.host_cpu = gauge("vigil_host_cpu_utilization_ratio", "Host CPU busy share, all cores.", ())
         self.host_memory_used = gauge("vigil_host_memory_used_bytes", "Host memory in use.", ())
         self.host_memory_total = gauge("vigil_host_memory_total_bytes", "Host memory in all.", ())
+        self.hardware_sample_errors = counter(
+            "vigil_hardware_sample_errors_total", "Hardware readings that failed, by field.", ("field",)
+        )
+        self.hardware_last_success = gauge(
+            "vigil_hardware_last_success_timestamp_seconds",
+            "Unix time of the last hardware sample in which every reading succeeded.",
+            (),
+        )
         self.kv_cache_memory = gauge("vigil_kv_cache_memory_bytes", "Size of the KV cache pool.")
         self.kv_cache_config = gauge(
             "vigil_kv_cache_config_info",
@@ -165,4 +174,6 @@ class VigilMetrics:
             self.request_finished.labels(self.model, reason)
         for state in ("used", "free"):
             self.kv_cache_blocks.labels(self.model, state)
+        for field in HARDWARE_FIELDS:
+            self.hardware_sample_errors.labels(field)
         self.gpu_count.set(0)
