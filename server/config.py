@@ -23,7 +23,6 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class EngineConfig:
     model: str | None = None
-    served_model_name: str | None = None
     dtype: str = "auto"
     weight_dtype: str = "auto"
     kv_cache_dtype: str = "auto"
@@ -66,7 +65,6 @@ class ServerConfig:
     max_request_bytes: int = 4 * 2**20
     max_header_bytes: int = 16 * 2**10
     shutdown_timeout: float = 30.0
-    enable_test_hooks: bool = False
 
     def __post_init__(self) -> None:
         if not self.served_model_name:

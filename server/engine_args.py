@@ -36,23 +36,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        weight_dtype=args.weight_dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        device=args.device,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_queue_len=args.max_queue_len,
-        enable_prefix_caching=args.enable_prefix_caching,
-        stop_on_repetition=args.stop_on_repetition,
-        cache_dir=args.cache_dir,
-    )
+    """Every EngineConfig field from the flag of the same name."""
+    return EngineConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(EngineConfig)})
 
 
 def engine_flags(config: EngineConfig) -> list[str]:
@@ -60,7 +45,7 @@ def engine_flags(config: EngineConfig) -> list[str]:
     flags: list[str] = []
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        if value is None or field.name == "served_model_name":  # the server's flag, not the engine's
+        if value is None:
             continue
         if field.name == "enable_prefix_caching":
             flags += [] if value else ["--no-enable-prefix-caching"]

@@ -6,8 +6,8 @@ exits 0. A second signal stops at once.
 """
 
 import argparse
-import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,13 +17,13 @@ from telemetry.logging import configure_logging
 from telemetry.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
+    from server.api.draining_server import DrainingServer
+    from server.engine.async_engine import AsyncEngine
     from server.engine.engine import LLMEngine
     from telemetry.service import Telemetry
 
-logger = logging.getLogger("vigil.serve")
 
 API_KEYS_ENV = "VIGIL_API_KEYS"
-TEST_HOOKS_ENV = "VIGIL_ENABLE_TEST_HOOKS"
 # After the drain, the time uvicorn gives connections to finish sending what the engine stop produced.
 CLOSE_GRACE_S = 5
 HEAD_LIMIT_FACTOR = 4
@@ -119,11 +119,26 @@ def server_config_from_args(args: argparse.Namespace, environ: dict[str, str]) -
         rate_limit_tpm=args.rate_limit_tpm,
         max_request_bytes=args.max_request_bytes,
         shutdown_timeout=args.shutdown_timeout,
-        enable_test_hooks=environ.get(TEST_HOOKS_ENV) == "1",
     )
 
 
+@dataclass(frozen=True)
+class Server:
+    """A server assembled from its flags, not yet serving: ``http.run()`` serves until the drain ends."""
+
+    http: "DrainingServer"
+    engine: "AsyncEngine"
+    llm_engine: "LLMEngine"
+    telemetry: "Telemetry | None"
+
+
 def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_format)
+    build_server(args, dict(os.environ)).http.run()
+    return 0
+
+
+def build_server(args: argparse.Namespace, environ: dict[str, str]) -> Server:
     import uvicorn
 
     from server.api.app import create_app
@@ -132,15 +147,12 @@ def run(args: argparse.Namespace) -> int:
     from server.engine.async_engine import AsyncEngine
     from server.engine.builder import build_engine
 
-    configure_logging(args.log_format)
-    server_config = server_config_from_args(args, dict(os.environ))
+    server_config = server_config_from_args(args, environ)
     llm_engine = build_engine(engine_config_from_args(args))
     telemetry = build_telemetry(args, llm_engine, server_config.served_model_name)
     engine = AsyncEngine(llm_engine)
     lifecycle = Lifecycle()
     app = create_app(engine, server_config, lifecycle, telemetry)
-    if server_config.enable_test_hooks:
-        logger.warning("test hooks are enabled (%s=1): never do this in production", TEST_HOOKS_ENV)
     uvicorn_config = uvicorn.Config(
         app,
         host=server_config.host,
@@ -153,6 +165,6 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=CLOSE_GRACE_S,
         log_config=None,  # keep the logging that server.__main__ configured
     )
-    DrainingServer(uvicorn_config, lifecycle, engine, server_config.shutdown_timeout).run()
-    return 0
+    http = DrainingServer(uvicorn_config, lifecycle, engine, server_config.shutdown_timeout)
+    return Server(http, engine, llm_engine, telemetry)
 

@@ -4,10 +4,10 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.http_status import CLIENT_CLOSED_REQUEST
 from telemetry.metrics import VigilMetrics
 
 MAX_ERROR_BODY_BYTES = 4096
-CLIENT_CLOSED_REQUEST = "499"
 
 
 def error_reason(status: int, code: str | None) -> str | None:
@@ -58,10 +58,10 @@ class HttpMetricsMiddleware:
         route = scope.get("route")
         template = getattr(route, "path", None) or "other"
         # No response started: the client went away first (nginx's 499).
-        code = str(status) if status else CLIENT_CLOSED_REQUEST
-        self.metrics.http_requests.labels(template, code).inc()
+        status = status or CLIENT_CLOSED_REQUEST
+        self.metrics.http_requests.labels(template, str(status)).inc()
         # Disconnects are counted where they are known for sure: by the generation that lost its client.
-        reason = None if code == CLIENT_CLOSED_REQUEST else error_reason(status, _error_code(error_body))
+        reason = None if status == CLIENT_CLOSED_REQUEST else error_reason(status, _error_code(error_body))
         if reason is not None:
             self.metrics.request_errors.labels(reason).inc()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.api_server import free_port
+from server.bench.local_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS_CONFIG = ROOT / "deploy/prometheus.yml"

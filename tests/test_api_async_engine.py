@@ -13,16 +13,10 @@ from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStopp
 from server.engine.builder import build_engine
 from server.engine.engine import LLMEngine
 from server.engine.request import QueueFullError
-from tests.tiny_model import write_tiny_llama
 
 PROMPTS = [[1000 + i, 2000 + i, 3000 + i] for i in range(4)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 TIMEOUT_S = 60
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory, smollm_folder):
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm_folder)
 
 
 def make_engine(folder, **overrides) -> LLMEngine:
@@ -99,8 +93,8 @@ def test_each_step_reaches_the_event_loop_in_one_callback(tiny_folder, monkeypat
 def test_the_idle_loop_blocks_instead_of_spinning(tiny_folder):
     llm_engine = make_engine(tiny_folder)
     polls = []
-    real_check = llm_engine.has_unfinished_requests
-    llm_engine.has_unfinished_requests = lambda: (polls.append(1), real_check())[1]
+    real_check = llm_engine.has_work
+    llm_engine.has_work = lambda: (polls.append(1), real_check())[1]
     engine = AsyncEngine(llm_engine)
 
     async def body():
@@ -141,21 +135,29 @@ def test_closing_a_stream_aborts_its_requests_and_frees_their_blocks(tiny_folder
     assert_all_blocks_free(engine)
 
 
+class StepFault(RuntimeError):
+    pass
+
+
 def test_a_failing_step_fails_every_stream_and_marks_the_engine_dead(tiny_folder):
-    engine = AsyncEngine(make_engine(tiny_folder))
+    llm_engine = make_engine(tiny_folder)
+    engine = AsyncEngine(llm_engine)
     long = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+
+    def failing_step():
+        raise StepFault("a step that fails, as a real engine failure would")
 
     async def body():
         first = await engine.add(requests_for(engine, "a", long)[:2])
         second = await engine.add(requests_for(engine, "b", long)[2:])
         await anext(first)
-        engine.inject_fault()
+        llm_engine.step = failing_step
         for stream in (first, second):
             with pytest.raises(EngineDeadError, match="engine error"):
                 async for _ in stream:
                     pass
         health = engine.health()
-        assert not health.alive and "InjectedFault" in health.error
+        assert not health.alive and "StepFault" in health.error
         with pytest.raises(EngineDeadError):
             await engine.add(requests_for(engine, "after"))
 

@@ -2,6 +2,8 @@
 failure fails the requests in flight with one clear 500 and turns liveness and readiness to 503."""
 
 import json
+import signal
+import sys
 import threading
 import time
 
@@ -9,6 +11,8 @@ import httpx
 import pytest
 
 from tests.api_server import APIServer
+
+pytestmark = pytest.mark.server
 
 MODEL = "smollm"
 SHUTDOWN_TIMEOUT_S = 12.0
@@ -96,13 +100,13 @@ def test_sigterm_drains_then_exits_zero(draining_server):
 
 
 def test_an_engine_failure_gives_one_clear_500_and_turns_the_probes_to_503(smollm_folder):
-    server = APIServer(smollm_folder).wait_ready()
+    server = APIServer(smollm_folder, program=(sys.executable, "-m", "tests.serve_with_fault_switch")).wait_ready()
     try:
         streaming = Call(server.base_url, completion(500, stream=True))
         waiting = Call(server.base_url, completion(500))
         wait_admitted(server, 2)
         assert streaming.first_event.wait(60)
-        assert httpx.post(f"{server.base_url}/test/engine-fault", timeout=10).status_code == 200
+        server.process.send_signal(signal.SIGUSR1)
 
         assert waiting.result().status == 500
         assert waiting.json["error"]["message"] == "engine error"

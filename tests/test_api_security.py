@@ -92,10 +92,10 @@ def completion(**fields) -> dict:
 
 
 GUARDED = [("GET", "/v1/models"), ("GET", f"/v1/models/{MODEL}"), ("POST", "/v1/completions"),
-           ("POST", "/v1/chat/completions"), ("GET", "/health"), ("GET", "/metrics"), ("GET", "/openapi.json"),
-           ("GET", "/test/engine-state")]
+           ("POST", "/v1/chat/completions"), ("GET", "/health"), ("GET", "/metrics"), ("GET", "/openapi.json")]
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("method, path", GUARDED, ids=[p for _, p in GUARDED])
 def test_every_route_but_the_probes_needs_a_key(server, method, path):
     for headers in ({}, bearer("wrong-key"), {"authorization": "Basic " + KEY_FLAG},
@@ -109,16 +109,19 @@ def test_every_route_but_the_probes_needs_a_key(server, method, path):
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.server
 def test_liveness_and_readiness_need_no_key(server):
     for path in ("/livez", "/readyz"):
         assert httpx.get(f"{server.base_url}{path}", timeout=30).status_code == 200
 
 
+@pytest.mark.server
 def test_keys_come_from_the_flag_the_file_and_the_environment(server):
     for key in (KEY_FLAG, KEY_FLAG_2, KEY_FILE, KEY_ENV, KEY_ENV_2):
         assert httpx.get(f"{server.base_url}/v1/models", headers=bearer(key), timeout=30).status_code == 200
 
 
+@pytest.mark.server
 def test_the_openai_client_authenticates_with_its_api_key(server):
     good = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY_FILE, max_retries=0)
     assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=1).usage.completion_tokens == 1
@@ -127,6 +130,7 @@ def test_the_openai_client_authenticates_with_its_api_key(server):
         bad.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
 
 
+@pytest.mark.server
 def test_requests_per_minute_are_limited_per_key(server):
     def call(key):
         return httpx.post(f"{server.base_url}/v1/completions", json=completion(), headers=bearer(key), timeout=60)
@@ -139,6 +143,7 @@ def test_requests_per_minute_are_limited_per_key(server):
     assert call(KEY_ENV_2).status_code == 200  # a different key is not limited
 
 
+@pytest.mark.server
 def test_tokens_per_minute_reserve_prompt_plus_max_tokens_and_refund_the_rest(server):
     def call(**fields):
         return httpx.post(f"{server.base_url}/v1/completions", json=completion(**fields),
@@ -154,6 +159,7 @@ def test_tokens_per_minute_reserve_prompt_plus_max_tokens_and_refund_the_rest(se
     assert too_big.status_code == 429 and "more than the limit" in too_big.json()["error"]["message"]
 
 
+@pytest.mark.server
 def test_the_body_limit_flag_gives_413(server):
     body = completion(prompt="x" * (MAX_REQUEST_BYTES + 1))
     response = httpx.post(f"{server.base_url}/v1/completions", json=body, headers=bearer(KEY_FILE), timeout=30)

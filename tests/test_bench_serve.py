@@ -6,11 +6,12 @@ import math
 import pytest
 
 from server.__main__ import main
+from server.bench.local_server import free_port
 from server.bench.serve.client import RequestRecord, chunk_text, http_error
 from server.bench.serve.dataset import DatasetError, jsonl_requests, load_tokenizer, random_requests
 from server.bench.serve.runner import RunResult, arrival_offsets, merge_runs
 from server.bench.serve.summary import SLO, distribution, parse_slo, summarize, tpot_s
-from tests.api_server import free_port, shared_server
+from tests.api_server import shared_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NOT_FOUND = "HTTP 404 not_found_error: The model `no-such-model` does not exist."
@@ -158,6 +159,7 @@ def most_in_flight(records: list[dict]) -> int:
     return peak
 
 
+@pytest.mark.server
 def test_random_run_measures_every_request(server, tmp_path, capsys):
     code, result = bench(tmp_path, "--base-url", server.base_url, "--num-prompts", "6", "--input-len", "16",
                          "--output-len", "8", "--ignore-eos", "--max-concurrency", "3", "--slo", "e2el=600000")
@@ -181,6 +183,7 @@ def test_random_run_measures_every_request(server, tmp_path, capsys):
     assert "Mean TTFT (ms)" in out and "P99 E2EL (ms)" in out and "Goodput (req/s)" in out
 
 
+@pytest.mark.server
 def test_compare_runs_both_sides_each_round_and_prints_ratios(server, tmp_path, capsys):
     code, result = bench(tmp_path, "--base-url", server.base_url, "--compare", f"{server.base_url}/v1",
                          "--num-prompts", "3", "--input-len", "8", "--output-len", "4", "--ignore-eos",
@@ -192,6 +195,7 @@ def test_compare_runs_both_sides_each_round_and_prints_ratios(server, tmp_path, 
     assert "B ÷ A" in out and "A ÷ B" in out
 
 
+@pytest.mark.server
 def test_a_wrong_model_is_reported_as_failures_not_a_crash(server, tmp_path, capsys):
     code, result = bench(tmp_path, "--base-url", server.base_url, "--model", "no-such-model", "--num-prompts", "3",
                          "--input-len", "8", "--output-len", "4")
@@ -201,6 +205,7 @@ def test_a_wrong_model_is_reported_as_failures_not_a_crash(server, tmp_path, cap
     assert f"3 x {NOT_FOUND}" in captured.out and "every request to A failed" in captured.err
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_jsonl_dataset_runs_on_both_endpoints(server, tmp_path, endpoint):
     lines = [{"prompt": "The capital of France is", "max_tokens": 3}, {"prompt": "One, two,", "output_len": 5}]

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from server.api import chat, completions, health, models, test_hooks
+from server.api import chat, completions, health, models
 from server.api.auth import require_api_key
 from server.api.errors import install_error_handlers
 from server.api.lifecycle import Lifecycle
@@ -73,8 +73,6 @@ def create_app(
     install_error_handlers(app)
     for router in (completions.router, chat.router, models.router, health.probes, health.guarded, _openapi):
         app.include_router(router)
-    if config.enable_test_hooks:
-        app.include_router(test_hooks.router)
     # add_middleware puts each new one outermost: this reads innermost first.
     app.add_middleware(DrainMiddleware, lifecycle=lifecycle, exempt_paths=health.PROBE_PATHS)
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=config.max_request_bytes,

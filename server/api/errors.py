@@ -76,6 +76,13 @@ def unavailable(message: str, code: str) -> APIError:
     return APIError(503, message, code=code)
 
 
+SHUTTING_DOWN = "the server is shutting down"
+
+
+def draining() -> APIError:
+    return unavailable(SHUTTING_DOWN, "draining")
+
+
 async def send_error(send: Send, error: APIError) -> None:
     """Answer with ``error`` from pure ASGI code, before any response has started."""
     body = error.body()

@@ -11,14 +11,14 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 from starlette.types import Receive
 
-from server.api.errors import APIError, engine_failed, invalid_request, unavailable
+from server.api.errors import APIError, draining, engine_failed, invalid_request, unavailable
 from server.api.protocol import MAX_CHOICES, Usage
-from server.api.responses import CLIENT_CLOSED_REQUEST
 from server.api.security import TokenReservation
 from server.api.sse import EventStreamResponse
 from server.api.state import ServerState
 from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError, OutputStream
 from server.engine.request import CompletionOutput, QueueFullError, Request, SamplingParams
+from server.http_status import CLIENT_CLOSED_REQUEST
 from telemetry.service import Telemetry
 
 QUEUE_FULL_RETRY_AFTER_S = 1.0
@@ -202,7 +202,7 @@ def _admission_error(error: BaseException) -> BaseException:
         return APIError(429, "the server's queue is full; retry later", code="queue_full",
                         retry_after=QUEUE_FULL_RETRY_AFTER_S)
     if isinstance(error, EngineStoppedError):
-        return unavailable("the server is shutting down", "draining")
+        return draining()
     if isinstance(error, EngineDeadError):
         return unavailable("the engine has failed; this server needs a restart", "engine_dead")
     return error

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from server.api.auth import require_api_key, require_metrics_key
-from server.api.errors import APIError, unavailable
+from server.api.errors import SHUTTING_DOWN, APIError, unavailable
 from server.api.protocol import ErrorResponse, HealthStatus
 from server.api.state import ServerState, State
 
@@ -17,7 +17,7 @@ _MESSAGES = {
     "engine_stalled": "the engine loop is stuck in a step",
     "canary_timeout": "the engine did not answer a one-token canary in time",
     "canary_failed": "the engine answered a canary with no token",
-    "draining": "the server is shutting down",
+    "draining": SHUTTING_DOWN,
 }
 
 probes = APIRouter(tags=["health"], responses=_PROBE_RESPONSES)

@@ -8,7 +8,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.api.errors import APIError, send_error
+from server.api.errors import APIError, draining, send_error
 from server.api.lifecycle import Lifecycle
 
 logger = logging.getLogger("vigil.api")
@@ -166,7 +166,7 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         if self.lifecycle.draining:
-            await send_error(send, APIError(503, "the server is shutting down", code="draining"))
+            await send_error(send, draining())
             return
         with self.lifecycle.track():
             await self.app(scope, receive, send)

@@ -5,20 +5,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from server.engine.request import MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, SamplingParams
+from server.engine.request import (
+    MAX_STOP_SEQUENCES,
+    MAX_STOP_TOKEN_IDS,
+    PENALTY_BOUNDS,
+    REPETITION_PENALTY_BOUNDS,
+    SamplingParams,
+)
 
 MAX_N = 16
 MAX_PROMPTS = 64
 MAX_CHOICES = 64
 MAX_STOP_LENGTH = 256
 MAX_MESSAGES = 1024
-# The sampler works in float32, where some valid float64 values break it (a step that raises kills the engine):
-# temperatures this small overflow the softmax, so like vLLM treat them as greedy; a top_p that rounds to 0
-# masks every token, so raise it to a floor that keeps only the most likely one, as any top_p < 1/vocab does;
-# a repetition penalty near 0 divides logits into infinity, so refuse those.
-GREEDY_BELOW_TEMPERATURE = 1e-5
-MIN_TOP_P = 1e-6
-MIN_REPETITION_PENALTY = 0.01
 
 
 def _encodable(value: str) -> str:
@@ -56,9 +55,11 @@ class SamplingRequest(RequestModel):
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, ge=MIN_REPETITION_PENALTY, le=10.0)
+    presence_penalty: float | None = Field(default=None, ge=PENALTY_BOUNDS[0], le=PENALTY_BOUNDS[1])
+    frequency_penalty: float | None = Field(default=None, ge=PENALTY_BOUNDS[0], le=PENALTY_BOUNDS[1])
+    repetition_penalty: float | None = Field(
+        default=None, ge=REPETITION_PENALTY_BOUNDS[0], le=REPETITION_PENALTY_BOUNDS[1]
+    )
     ignore_eos: bool | None = False
     user: Text | None = None
     stream: bool | None = False
@@ -73,13 +74,10 @@ class SamplingRequest(RequestModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
-        temperature = 1.0 if self.temperature is None else self.temperature
-        if temperature < GREEDY_BELOW_TEMPERATURE:
-            temperature = 0.0
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
-            temperature=temperature,
-            top_p=1.0 if self.top_p is None else max(self.top_p, MIN_TOP_P),
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
             top_k=-1 if self.top_k is None else self.top_k,
             seed=self.seed,
             max_tokens=max_tokens,

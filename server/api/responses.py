@@ -4,9 +4,6 @@ from typing import Any
 
 from server.api.protocol import ErrorResponse
 
-# nginx's "client closed request": logged for a request whose client left; nobody receives it.
-CLIENT_CLOSED_REQUEST = 499
-
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": description}
     for status, description in [

@@ -7,16 +7,15 @@ import contextlib
 import json
 import logging
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 
+from server.bench.local_server import LocalServer
 from server.bench.offline import Throughput, describe_engine, random_prompts, time_engine
 from server.engine.builder import build_engine
 from server.engine_args import engine_config_from_args, engine_flags
@@ -26,12 +25,6 @@ REQUEST_TIMEOUT_S = 3600.0
 # Warm-up runs the full batch (every prefill and decode shape of the timed rounds) for a few tokens: the first
 # pass over new shapes is slow on the CPU, and it should fall on neither side.
 WARM_UP_TOKENS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def stream_completion(client: httpx.AsyncClient, prompt: list[int], output_len: int) -> int:
@@ -65,46 +58,22 @@ async def time_clients(base_url: str, prompts: list[list[int]], output_len: int)
     return Throughput(f"HTTP, {len(prompts)} streaming clients", sum(produced), seconds)
 
 
-def wait_ready(base_url: str, server: subprocess.Popen) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}")
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=10).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"the server was not ready within {READY_TIMEOUT_S}s")
-
-
 @contextlib.contextmanager
 def running_server(args: argparse.Namespace) -> Iterator[str]:
     """``python -m server serve`` with this run's engine flags on a free port; yields its base URL."""
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
-        *engine_flags(engine_config_from_args(args)),
-    ]
-    with tempfile.NamedTemporaryFile("w+b", prefix="vigil-bench-http-", suffix=".log", delete=False) as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-        try:
-            wait_ready(base_url, server)
-            yield base_url
-        except BaseException:
-            print(f"server log kept in {log.name}", file=sys.stderr)
-            raise
-        else:
-            os.unlink(log.name)
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    with tempfile.NamedTemporaryFile(prefix="vigil-bench-http-", suffix=".log", delete=False) as log:
+        log_path = Path(log.name)
+    server = LocalServer(engine_flags(engine_config_from_args(args)), log_path, env=dict(os.environ))
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        yield server.base_url
+    except BaseException:
+        print(f"server log kept in {log_path}", file=sys.stderr)
+        raise
+    else:
+        log_path.unlink()
+    finally:
+        server.stop()
 
 
 def total(label: str, results: list[Throughput]) -> Throughput:

@@ -23,16 +23,15 @@ from server.models.tokenizer import Tokenizer
 logger = logging.getLogger("vigil.engine")
 
 
+ENGINE_STOPPED = "the engine loop was stopped"
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop has failed or stopped; no request can run any more."""
 
 
 class EngineStoppedError(EngineDeadError):
     """The engine loop was stopped on purpose (shutdown) while requests were still running."""
-
-
-class InjectedFault(RuntimeError):
-    """Raised by a step that a test asked to fail."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +94,6 @@ class _Abort:
     request_ids: list[str]
 
 
-class _InjectFault:
-    pass
-
-
 class _Stop:
     pass
 
@@ -111,7 +106,6 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: str | None = None
-        self._fault_next_step = False
         self._stopped = False
         self._last_step_at: float | None = None
         self._num_steps = 0
@@ -155,7 +149,7 @@ class AsyncEngine:
     async def add(self, requests: list[Request]) -> OutputStream:
         """Queue all of ``requests`` or none; raises QueueFullError or EngineDeadError."""
         if self._stopped:
-            raise EngineStoppedError("the server is shutting down")
+            raise EngineStoppedError(ENGINE_STOPPED)
         if self._error is not None or self._loop is None:
             raise EngineDeadError("engine error" if self._error else "the engine loop is not running")
         stream = OutputStream(self, [r.request_id for r in requests])
@@ -170,10 +164,6 @@ class AsyncEngine:
 
     def abort(self, request_ids: list[str]) -> None:
         self._commands.put(_Abort(request_ids))
-
-    def inject_fault(self) -> None:
-        """Test-only: make the next step raise, as a real engine failure would."""
-        self._commands.put(_InjectFault())
 
     def next_request_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
@@ -205,15 +195,15 @@ class AsyncEngine:
     def _serve_commands(self) -> None:
         """Returns on _Stop."""
         while True:
-            busy = self._error is None and self._engine.has_unfinished_requests()
+            busy = self._error is None and self._engine.has_work()
             command = self._next_command(block=not busy)
             while command is not None:
                 if isinstance(command, _Stop):
-                    self._fail_all(EngineStoppedError("the server is shutting down"))
+                    self._fail_all(EngineStoppedError(ENGINE_STOPPED))
                     return
                 self._handle(command)
                 command = self._next_command(block=False)
-            if self._error is None and self._engine.has_unfinished_requests():
+            if self._error is None and self._engine.has_work():
                 self._step()
 
     def _next_command(self, block: bool) -> object | None:
@@ -229,8 +219,6 @@ class AsyncEngine:
             for request_id in command.request_ids:
                 if self._streams.pop(request_id, None) is not None:
                     self._engine.abort_request(request_id)
-        elif isinstance(command, _InjectFault):
-            self._fault_next_step = True
 
     def _add(self, command: _Add) -> None:
         if self._error is not None:
@@ -253,8 +241,6 @@ class AsyncEngine:
     def _step(self) -> None:
         self._step_started_at = time.monotonic()
         try:
-            if self._fault_next_step:
-                raise InjectedFault("fault injected by a test hook")
             outputs = self._engine.step()
         except Exception as error:
             self._die(error)

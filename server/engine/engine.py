@@ -59,6 +59,11 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
 
+    def has_work(self) -> bool:
+        """Requests to run, or requests ended (aborted, say) that no step has reported to the stats listeners:
+        a step with nothing to run still reports them, and the pool's state after them."""
+        return self.scheduler.has_unfinished or bool(self._pending_finished)
+
     def make_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, arrival_time: float | None = None
     ) -> Request:

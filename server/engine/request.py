@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from server.engine.repetition import RepetitionDetector
 
 MAX_STOP_SEQUENCES = 16
-MIN_SAMPLING_TEMPERATURE = 1e-5
+# Below this, dividing logits by the temperature overflows float32: such a temperature is greedy in all but name.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+PENALTY_BOUNDS = (-2.0, 2.0)  # presence and frequency penalties, as OpenAI's
+# A repetition penalty near 0 would divide logits into infinity.
+REPETITION_PENALTY_BOUNDS = (0.01, 10.0)
 # Requests the server makes of itself (readiness canaries) carry this id prefix; telemetry leaves them out.
 INTERNAL_REQUEST_PREFIX = "vigil-internal-"
 MAX_STOP_TOKEN_IDS = 64
@@ -32,8 +36,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        # Below this, dividing logits by the temperature overflows float32: it is greedy in all but name.
-        return self.temperature < MIN_SAMPLING_TEMPERATURE
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:
@@ -48,9 +51,13 @@ class SamplingParams:
             ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
             ("top_k", self.top_k >= -1, "must be -1 (disabled) or >= 0"),
             ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1"),
-            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
-            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
-            ("repetition_penalty", 0.01 <= self.repetition_penalty <= 10.0, "must be in [0.01, 10]"),
+            ("presence_penalty", _within(self.presence_penalty, PENALTY_BOUNDS), _range(PENALTY_BOUNDS)),
+            ("frequency_penalty", _within(self.frequency_penalty, PENALTY_BOUNDS), _range(PENALTY_BOUNDS)),
+            (
+                "repetition_penalty",
+                _within(self.repetition_penalty, REPETITION_PENALTY_BOUNDS),
+                _range(REPETITION_PENALTY_BOUNDS),
+            ),
             ("stop", len(self.stop) <= MAX_STOP_SEQUENCES, f"allows at most {MAX_STOP_SEQUENCES} strings"),
             ("stop", all(self.stop), "strings must not be empty"),
             (
@@ -67,6 +74,14 @@ class SamplingParams:
         for name, ok, message in checks:
             if not ok:
                 raise InvalidRequestError(f"{name} {message}", param=name)
+
+
+def _within(value: float, bounds: tuple[float, float]) -> bool:
+    return bounds[0] <= value <= bounds[1]
+
+
+def _range(bounds: tuple[float, float]) -> str:
+    return f"must be in [{bounds[0]:g}, {bounds[1]:g}]"
 
 
 class InvalidRequestError(ValueError):

@@ -32,11 +32,6 @@ class IncrementalDetokenizer:
         self._ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
-        self._pieces: list[str] = []
-
-    @property
-    def text(self) -> str:
-        return "".join(self._pieces)
 
     def add_token(self, token_id: int) -> str:
         self._ids.append(token_id)
@@ -57,7 +52,6 @@ class IncrementalDetokenizer:
         delta = new_text[len(prefix_text) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        self._pieces.append(delta)
         return delta
 
     def _decode(self, ids: list[int]) -> str:

@@ -34,7 +34,6 @@ class Tokenizer:
         self.all_special_ids: set[int] = {
             token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special
         }
-        self.chat_template = chat_template
         self._compiled_template = _compile_chat_template(chat_template) if chat_template else None
 
     @classmethod
@@ -61,11 +60,6 @@ class Tokenizer:
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        if token_id < 0:
-            return None
-        return self._backend.id_to_token(token_id)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self._compiled_template is None:

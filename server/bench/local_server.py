@@ -1,0 +1,77 @@
+"""``python -m server serve`` as a child process on a free 127.0.0.1 port: start it, wait until it is ready, stop
+it the way an orchestrator would (SIGTERM, then SIGKILL)."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Self
+
+import httpx
+
+STOP_TIMEOUT_S = 60.0
+SERVER_PROGRAM = (sys.executable, "-m", "server")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalServer:
+    """``args`` are the serve flags besides --host and --port; stdout and stderr go to ``log_path``. ``program``
+    is what takes the ``serve`` command line."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        program: Sequence[str] = SERVER_PROGRAM,
+    ) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        command = [*program, "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float, headers: Mapping[str, str] | None = None) -> Self:
+        """Until /readyz answers 200; raises, after stopping the server, if it exits or the time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/readyz", headers=headers, timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"the server was not ready within {timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 5000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def terminate(self) -> None:
+        """SIGTERM, a graceful drain, without waiting."""
+        self.process.send_signal(signal.SIGTERM)
+
+    def wait_exit(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT_S)
+        self._log.close()
