@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
 
-.PHONY: serve test lint setup
+.PHONY: serve test test-fast lint setup
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The quick loop while developing: no real-model runs, no server subprocesses, no operations stack.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not server and not e2e" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

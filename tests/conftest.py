@@ -15,6 +15,15 @@ def smollm_folder():
 
 
 @pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, smollm_folder):
+    """A tiny random Llama (2 layers, SmolLM2's tokenizer) as a Hugging Face folder: the engine's machinery,
+    fast."""
+    from tests.tiny_model import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm_folder)
+
+
+@pytest.fixture(scope="session")
 def llm_fp32(smollm_folder):
     from server import LLM
 

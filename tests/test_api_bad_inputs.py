@@ -8,6 +8,8 @@ import pytest
 
 from tests.api_server import shared_server
 
+pytestmark = pytest.mark.server
+
 MODEL = "smollm"
 VOCAB_SIZE = 49152
 MAX_MODEL_LEN = 1024  # tests.api_server.FAST_ENGINE_ARGS

@@ -7,6 +7,8 @@ import pytest
 from server.models.tokenizer import Tokenizer
 from tests.api_server import shared_server
 
+pytestmark = pytest.mark.server
+
 MODEL = "smollm"
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0.0}

@@ -11,6 +11,8 @@ from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from tests.api_server import shared_server
 
+pytestmark = pytest.mark.server
+
 GENERATION = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions")]
 # Nothing here takes a body or a typed parameter, so negative mode has nothing to break: positive only.
 READS = [("GET", "/v1/models"), ("GET", "/v1/models/{model}"), ("GET", "/livez"), ("GET", "/readyz"),

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.server
+
 
 @pytest.mark.parametrize(
     ("argv", "message"),

@@ -5,6 +5,8 @@ import pytest
 from server import LLM, SamplingParams
 from server.engine.model_runner import kv_bytes_per_block
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = [
     f"Story {i}: once upon a time there was a {animal} who liked to"
     for i, animal in enumerate(["cat", "dog", "fox", "owl", "bear", "frog", "hen", "wolf"])

@@ -1,16 +1,9 @@
 """The whole engine on the Triton backend (interpreted on the CPU) gives the torch backend's tokens."""
 
-import pytest
 
 from server import LLM, SamplingParams
-from tests.tiny_model import write_tiny_llama
 
 PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog and keeps on running", "解释"]
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory, smollm_folder):
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm_folder)
 
 
 def greedy_tokens(folder, monkeypatch, backend: str) -> tuple[list[list[int]], str]:

@@ -7,6 +7,8 @@ import torch
 
 from server import SamplingParams
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = [
     "The capital of France is",
     "解释量子计算的基本原理",

@@ -5,6 +5,8 @@ import pytest
 from server import LLM, SamplingParams
 from telemetry.quality import output_anomalies
 
+pytestmark = pytest.mark.slow
+
 QUESTIONS = [
     "What is the capital of France?",
     "Give me three tips for staying healthy.",

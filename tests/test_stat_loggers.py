@@ -17,6 +17,8 @@ from telemetry.stat_loggers.prometheus import PrometheusStatLogger
 from telemetry.stat_loggers.spans import TracingStatLogger
 from telemetry.tracing import RequestTracer, build_tracer_provider
 
+pytestmark = pytest.mark.slow
+
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 

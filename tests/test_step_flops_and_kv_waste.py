@@ -7,14 +7,9 @@ from server import LLM, SamplingParams
 from server.engine.flops import ModelFlops
 from server.engine.stats import StepStats
 from server.models.config import ModelConfig
-from tests.tiny_model import TINY_CONFIG, write_tiny_llama
+from tests.tiny_model import TINY_CONFIG
 
 BLOCK_SIZE = 16
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory, smollm_folder):
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny"), smollm_folder)
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ from server.engine.model_runner import kv_bytes_per_block
 from server.models.config import ModelConfig
 from tests.api_server import APIServer
 
+pytestmark = pytest.mark.server
+
 KEY = "sk-telemetry-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TEMPERATURES = [0.0, 0.0, 0.3, 0.7, 0.7, 1.0, 1.3, 1.9]
