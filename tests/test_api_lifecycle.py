@@ -15,7 +15,7 @@ from tests.api_server import APIServer
 pytestmark = pytest.mark.server
 
 MODEL = "smollm"
-SHUTDOWN_TIMEOUT_S = 12.0
+SHUTDOWN_TIMEOUT_S = 6.0
 
 
 def completion(max_tokens: int, stream: bool = False) -> dict:
