@@ -7,7 +7,6 @@ exits 0. A second signal stops at once.
 
 import argparse
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,8 +16,10 @@ from telemetry.logging import configure_logging
 from telemetry.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from server.api.draining_server import DrainingServer
-    from server.engine.async_engine import AsyncEngine
+    from server.config import EngineConfig
     from server.engine.engine import LLMEngine
     from telemetry.service import Telemetry
 
@@ -80,23 +81,41 @@ def _buckets(text: str) -> tuple[float, ...]:
     return bounds
 
 
-def build_telemetry(args: argparse.Namespace, engine: "LLMEngine", model: str) -> "Telemetry | None":
+def build_telemetry(args: argparse.Namespace, model: str) -> "Telemetry | None":
     if args.disable_telemetry:
         return None
-    from kernels.matmul_peak import measure_matmul_peak
     from telemetry.service import Telemetry, TelemetryConfig
 
-    config = TelemetryConfig(
+    return Telemetry(TelemetryConfig(
         model=model,
         hardware_interval_s=args.hardware_interval,
         otlp_endpoint=args.otlp_endpoint,
         otlp_protocol=args.otlp_protocol,
         log_requests=args.log_requests,
         latency_buckets=args.latency_buckets,
-        matmul_peak_flops=measure_matmul_peak(engine.runner.model.dtype, engine.runner.device)
-        if args.matmul_peak_flops is None else args.matmul_peak_flops,
-    )
-    return Telemetry(config, engine)
+    ))
+
+
+def engine_loader(
+    config: "EngineConfig", telemetry: "Telemetry | None", matmul_peak_flops: float | None
+) -> "Callable[[], LLMEngine]":
+    """What the engine's thread runs first: build the engine (the model loads), then subscribe telemetry, with
+    the matmul peak that MFU is measured against (measured here when not given)."""
+
+    def load() -> "LLMEngine":
+        from server.engine.builder import build_engine
+
+        engine = build_engine(config)
+        if telemetry is not None:
+            peak = matmul_peak_flops
+            if peak is None:
+                from kernels.matmul_peak import measure_matmul_peak
+
+                peak = measure_matmul_peak(engine.runner.model.dtype, engine.runner.device)
+            telemetry.attach(engine, peak)
+        return engine
+
+    return load
 
 
 def read_api_keys(args: argparse.Namespace, environ: dict[str, str]) -> tuple[str, ...]:
@@ -122,35 +141,31 @@ def server_config_from_args(args: argparse.Namespace, environ: dict[str, str]) -
     )
 
 
-@dataclass(frozen=True)
-class Server:
-    """A server assembled from its flags, not yet serving: ``http.run()`` serves until the drain ends."""
-
-    http: "DrainingServer"
-    engine: "AsyncEngine"
-    llm_engine: "LLMEngine"
-    telemetry: "Telemetry | None"
-
-
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format)
-    build_server(args, dict(os.environ)).http.run()
+    http = build_server(args, dict(os.environ))
+    http.run()
+    if http.engine.load_error is not None:
+        raise http.engine.load_error  # server.__main__ turns it into one line and exit status 2
     return 0
 
 
-def build_server(args: argparse.Namespace, environ: dict[str, str]) -> Server:
+def build_server(args: argparse.Namespace, environ: dict[str, str]) -> "DrainingServer":
+    """The server, not yet serving. The flags and the model's path are checked here (a bad one raises now); the
+    model loads on the engine's thread once the server runs, while /livez, /readyz and /metrics answer."""
     import uvicorn
 
     from server.api.app import create_app
     from server.api.draining_server import DrainingServer
     from server.api.lifecycle import Lifecycle
     from server.engine.async_engine import AsyncEngine
-    from server.engine.builder import build_engine
+    from server.models.loader import locate_model
 
     server_config = server_config_from_args(args, environ)
-    llm_engine = build_engine(engine_config_from_args(args))
-    telemetry = build_telemetry(args, llm_engine, server_config.served_model_name)
-    engine = AsyncEngine(llm_engine)
+    engine_config = engine_config_from_args(args)
+    locate_model(engine_config.model)
+    telemetry = build_telemetry(args, server_config.served_model_name)
+    engine = AsyncEngine(engine_loader(engine_config, telemetry, args.matmul_peak_flops))
     lifecycle = Lifecycle()
     app = create_app(engine, server_config, lifecycle, telemetry)
     uvicorn_config = uvicorn.Config(
@@ -165,6 +180,5 @@ def build_server(args: argparse.Namespace, environ: dict[str, str]) -> Server:
         timeout_graceful_shutdown=CLOSE_GRACE_S,
         log_config=None,  # keep the logging that server.__main__ configured
     )
-    http = DrainingServer(uvicorn_config, lifecycle, engine, server_config.shutdown_timeout)
-    return Server(http, engine, llm_engine, telemetry)
+    return DrainingServer(uvicorn_config, lifecycle, engine, server_config.shutdown_timeout)
 

@@ -18,10 +18,11 @@ RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1
 
 ERROR_REASONS = (
     "validation", "unauthorized", "payload_too_large", "rate_limited", "queue_full", "not_ready",
-    "client_disconnect", "engine",
+    "client_disconnect", "engine", "stream_error",
 )
 ANOMALY_KINDS = ("repetition_loop", "empty", "length_capped")
 FINISH_REASONS = ("stop", "length", "abort")
+ENGINE_PHASES = ("loading", "serving", "draining", "dead")
 GPU_LABELS = ("gpu", "name")
 HARDWARE_FIELDS = ("device", "temperature", "memory", "utilization", "power", "throttle", "host_cpu", "host_memory")
 
@@ -118,7 +119,18 @@ class VigilMetrics:
             "vigil_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."
         )
         self.prefix_cache_hits = counter("vigil_prefix_cache_hits_total", "Prompt tokens served from the prefix cache.")
-        self.engine_ready = gauge("vigil_engine_ready", "1 while the engine accepts and serves requests.")
+        self.engine_ready = gauge(
+            "vigil_engine_ready", "1 while the engine is ready: serving, and proven by its requests or a canary."
+        )
+        self.engine_phase = gauge(
+            "vigil_engine_phase", "1 for the phase the server is in: loading, serving, draining or dead.",
+            ("model", "phase"),
+        )
+        self.engine_config = gauge(
+            "vigil_engine_config_info",
+            "1, labelled with how the engine computes: its attention backend and dtypes.",
+            ("model", "attention_backend", "dtype", "weight_dtype", "device"),
+        )
 
         # Model
         self.prompt_tokens = counter("vigil_prompt_tokens_total", "Prompt tokens computed.")
@@ -174,6 +186,8 @@ class VigilMetrics:
             self.request_finished.labels(self.model, reason)
         for state in ("used", "free"):
             self.kv_cache_blocks.labels(self.model, state)
+        for phase in ENGINE_PHASES:
+            self.engine_phase.labels(self.model, phase)
         for field in HARDWARE_FIELDS:
             self.hardware_sample_errors.labels(field)
         self.gpu_count.set(0)

@@ -1,16 +1,15 @@
 """Telemetry as a whole: builds the sinks, subscribes them to the engine, serves /metrics, shuts down."""
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from server.engine.engine import LLMEngine
-from server.engine.request import INTERNAL_REQUEST_PREFIX
 from server.engine.stats import StepStats
 from telemetry.hardware import HardwareSampler
-from telemetry.metrics import LATENCY_BUCKETS, VigilMetrics
+from telemetry.metrics import ENGINE_PHASES, LATENCY_BUCKETS, VigilMetrics
 from telemetry.stat_loggers.base import StatLogger
 from telemetry.stat_loggers.log_lines import LoggingStatLogger
 from telemetry.stat_loggers.prometheus import PrometheusStatLogger
@@ -26,45 +25,52 @@ class TelemetryConfig:
     otlp_protocol: str = "grpc"
     log_requests: bool = False
     latency_buckets: Sequence[float] = LATENCY_BUCKETS
-    matmul_peak_flops: float | None = None
 
 
 class Telemetry:
-    """Owns the registry, the stat loggers, the tracer and the hardware sampler of one server."""
+    """Owns the registry, the stat loggers, the tracer and the hardware sampler of one server.
 
-    def __init__(self, config: TelemetryConfig, engine: LLMEngine, registry: CollectorRegistry | None = None) -> None:
+    It exists before the engine does, so that /metrics answers while the model loads; ``attach`` subscribes it
+    to the engine once that is built."""
+
+    def __init__(self, config: TelemetryConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
         self.registry = registry or CollectorRegistry()
         if registry is None:
             ProcessCollector(registry=self.registry)
             PlatformCollector(registry=self.registry)
             GCCollector(registry=self.registry)
         self.metrics = VigilMetrics(config.model, self.registry, config.latency_buckets)
-        cache = engine.cache_info
-        self.metrics.kv_cache_memory.labels(config.model).set(cache.total_bytes)
-        self.metrics.kv_cache_config.labels(
-            config.model, str(cache.block_size), str(cache.num_blocks), cache.dtype, cache.device
-        ).set(1)
         self.provider = build_tracer_provider("vigil", config.otlp_endpoint, config.otlp_protocol)
         self.tracer = RequestTracer(self.provider) if self.provider is not None else None
+        self.stat_loggers: list[StatLogger] = []
+        self.sampler = HardwareSampler(self.metrics, config.hardware_interval_s)
+        self.report_status("loading", ready=False)
+
+    def attach(self, engine: LLMEngine, matmul_peak_flops: float | None = None) -> None:
+        """Describe the built engine in metrics and subscribe the stat loggers to its steps. Call it before the
+        engine's first step."""
+        model, cache, info = self.config.model, engine.cache_info, engine.info
+        self.metrics.kv_cache_memory.labels(model).set(cache.total_bytes)
+        self.metrics.kv_cache_config.labels(
+            model, str(cache.block_size), str(cache.num_blocks), cache.dtype, cache.device
+        ).set(1)
+        self.metrics.engine_config.labels(
+            model, info.attention_backend, info.dtype, info.weight_dtype, info.device
+        ).set(1)
         trace_id_of = self.tracer.trace_id if self.tracer is not None else None
-        self.stat_loggers: list[StatLogger] = [
-            PrometheusStatLogger(self.metrics, engine.eos_token_ids, config.matmul_peak_flops, trace_id_of),
-            LoggingStatLogger(
-                engine.eos_token_ids, engine.tokenizer.decode if config.log_requests else None, trace_id_of
-            ),
+        decode_tokens = engine.tokenizer.decode if self.config.log_requests else None
+        self.stat_loggers = [
+            PrometheusStatLogger(self.metrics, engine.eos_token_ids, matmul_peak_flops, trace_id_of),
+            LoggingStatLogger(engine.eos_token_ids, decode_tokens, trace_id_of),
         ]
         if self.tracer is not None:
             self.stat_loggers.append(TracingStatLogger(self.tracer))  # last: it ends the spans the others read
-        self.sampler = HardwareSampler(
-            self.metrics, config.hardware_interval_s, on_tick=[logger.tick for logger in self.stat_loggers]
-        )
+        self.sampler.on_tick += [logger.tick for logger in self.stat_loggers]
         engine.stats_listeners.append(self.record)
 
     def record(self, stats: StepStats) -> None:
-        """Feed one step to every stat logger; the server's own requests (readiness canaries) are left out."""
-        if any(f.request_id.startswith(INTERNAL_REQUEST_PREFIX) for f in stats.finished):
-            served = [f for f in stats.finished if not f.request_id.startswith(INTERNAL_REQUEST_PREFIX)]
-            stats = replace(stats, finished=served)
+        """Feed one step to every stat logger."""
         for logger in self.stat_loggers:
             logger.record(stats)
 
@@ -78,13 +84,12 @@ class Telemetry:
         if self.provider is not None:
             self.provider.shutdown()
 
-    def set_ready(self, ready: bool) -> None:
-        self.metrics.engine_ready.labels(self.metrics.model).set(1 if ready else 0)
-
-    def watch_readiness(self, is_ready: Callable[[], bool]) -> None:
-        """Keep ``vigil_engine_ready`` in step with ``is_ready``, sampled on the hardware interval."""
-        self.sampler.on_tick.append(lambda: self.set_ready(is_ready()))
-        self.set_ready(is_ready())
+    def report_status(self, phase: str, ready: bool) -> None:
+        """``vigil_engine_phase`` and ``vigil_engine_ready``: ``phase`` is one of ENGINE_PHASES."""
+        model = self.metrics.model
+        for name in ENGINE_PHASES:
+            self.metrics.engine_phase.labels(model, name).set(1 if name == phase else 0)
+        self.metrics.engine_ready.labels(model).set(1 if ready else 0)
 
     def record_error(self, reason: str) -> None:
         self.metrics.request_errors.labels(reason).inc()

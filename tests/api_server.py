@@ -27,7 +27,7 @@ def metric_samples(text: str) -> dict[tuple[str, frozenset], float]:
 
 
 class APIServer(LocalServer):
-    """``program`` may be a test's own wrapper around ``server.__main__`` (see tests/serve_with_fault_switch.py)."""
+    """``program`` may be a test's own wrapper around ``server.__main__`` (see tests/serve_with_switches.py)."""
 
     def __init__(
         self,

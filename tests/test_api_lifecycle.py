@@ -10,11 +10,13 @@ import time
 import httpx
 import pytest
 
-from tests.api_server import APIServer
+from tests.api_server import APIServer, metric_samples
+from tests.serve_with_switches import HOLD_LOAD_ENV
 
 pytestmark = pytest.mark.server
 
 MODEL = "smollm"
+WITH_SWITCHES = (sys.executable, "-m", "tests.serve_with_switches")
 SHUTDOWN_TIMEOUT_S = 6.0
 
 
@@ -100,7 +102,7 @@ def test_sigterm_drains_then_exits_zero(draining_server):
 
 
 def test_an_engine_failure_gives_one_clear_500_and_turns_the_probes_to_503(smollm_folder):
-    server = APIServer(smollm_folder, program=(sys.executable, "-m", "tests.serve_with_fault_switch")).wait_ready()
+    server = APIServer(smollm_folder, program=WITH_SWITCHES).wait_ready()
     try:
         streaming = Call(server.base_url, completion(500, stream=True))
         waiting = Call(server.base_url, completion(500))
@@ -113,12 +115,54 @@ def test_an_engine_failure_gives_one_clear_500_and_turns_the_probes_to_503(smoll
         assert waiting.json["error"]["code"] == "engine_error"
         stream_error = streaming.result().chunks()[-1]["error"]
         assert stream_error["message"] == "engine error"
+        # The stream's 200 went out before the failure: the error it carried counts on its own, the 500 as an
+        # engine error.
+        errors = metric_samples(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
+        assert errors[("vigil_request_errors_total", frozenset({"reason": "stream_error"}.items()))] == 1
+        assert errors[("vigil_request_errors_total", frozenset({"reason": "engine"}.items()))] == 1
         for probe in ("/livez", "/readyz"):
             response = httpx.get(f"{server.base_url}{probe}", timeout=10)
             assert response.status_code == 503 and response.json()["error"]["code"] == "engine_dead"
+        # /readyz's verdict is the one the metrics report.
+        after = metric_samples(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
+        assert after[("vigil_engine_phase", frozenset({"model": "smollm", "phase": "dead"}.items()))] == 1
+        assert after[("vigil_engine_ready", frozenset({"model": "smollm"}.items()))] == 0
         refused = httpx.post(f"{server.base_url}/v1/completions", json=completion(1), timeout=10)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_dead"
         server.terminate()
         assert server.wait_exit(timeout=60) == 0
+    finally:
+        server.stop()
+
+
+def test_while_the_model_loads_the_probes_and_metrics_answer_and_requests_wait(smollm_folder):
+    server = APIServer(smollm_folder, env={HOLD_LOAD_ENV: "1"}, program=WITH_SWITCHES)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.process.poll() is None and time.monotonic() < deadline, server.log_tail()
+            try:
+                live = httpx.get(f"{server.base_url}/livez", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        assert live.status_code == 200  # alive: an orchestrator must not restart a server that is loading
+        ready = httpx.get(f"{server.base_url}/readyz", timeout=10)
+        assert ready.status_code == 503 and ready.json()["error"]["code"] == "loading"
+        refused = httpx.post(f"{server.base_url}/v1/completions", json=completion(1), timeout=10)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "loading"
+        assert int(refused.headers["retry-after"]) >= 1
+        loading = metric_samples(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
+        assert loading[("vigil_engine_phase", frozenset({"model": MODEL, "phase": "loading"}.items()))] == 1
+        assert loading[("vigil_engine_ready", frozenset({"model": MODEL}.items()))] == 0
+
+        server.process.send_signal(signal.SIGUSR2)
+        server.wait_ready()
+        served = httpx.post(f"{server.base_url}/v1/completions", json=completion(2), timeout=60)
+        assert served.status_code == 200
+        loaded = metric_samples(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
+        assert loaded[("vigil_engine_phase", frozenset({"model": MODEL, "phase": "serving"}.items()))] == 1
+        assert loaded[("vigil_engine_phase", frozenset({"model": MODEL, "phase": "loading"}.items()))] == 0
+        assert loaded[("vigil_engine_ready", frozenset({"model": MODEL}.items()))] == 1
     finally:
         server.stop()

@@ -1,6 +1,7 @@
 """Telemetry against a live server on 127.0.0.1: every number checked against what was actually sent."""
 
 import concurrent.futures
+import time
 
 import httpx
 import pytest
@@ -130,6 +131,10 @@ def test_infrastructure_gauges_on_a_gpu_less_machine(traffic, smollm_folder):
     config = {"block_size": "16", "num_blocks": str(num_blocks), "cache_dtype": "float16", "device": "cpu"}
     assert value(after, "vigil_kv_cache_config_info", model="smollm", **config) == 1
     assert value(after, "vigil_engine_ready", model="smollm") == 1
+    assert value(after, "vigil_engine_phase", model="smollm", phase="serving") == 1
+    # The server's flags ask for float32 on the CPU, where the C++ kernels serve (when a compiler is there).
+    engine = {"attention_backend": "cpu", "dtype": "float32", "weight_dtype": "float16", "device": "cpu"}
+    assert value(after, "vigil_engine_config_info", model="smollm", **engine) == 1
     assert value(after, "process_resident_memory_bytes") > 0
 
 
@@ -143,6 +148,26 @@ def test_openmetrics_exposition_carries_no_exemplars_without_tracing(server):
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.rstrip().endswith("# EOF")
     assert "trace_id" not in response.text
+
+
+def test_idle_canaries_keep_the_engine_proven_but_out_of_the_served_token_counters(server, traffic):
+    """With no client request and no probe, the status reporter still proves the engine with a canary every
+    CANARY_INTERVAL_S; its tokens are work, not service."""
+    from server.api.readiness import CANARY_INTERVAL_S, STATUS_REPORT_INTERVAL_S
+
+    before = scrape(server)
+    steps = value(before, "vigil_engine_step_duration_seconds_count", model="smollm")
+    deadline = time.monotonic() + CANARY_INTERVAL_S + 4 * STATUS_REPORT_INTERVAL_S + 10
+    while (after := scrape(server)) and value(after, "vigil_engine_step_duration_seconds_count",
+                                              model="smollm") == steps:
+        assert time.monotonic() < deadline, "no canary ran on the idle server"
+        time.sleep(0.25)
+    for counter, labels in (("vigil_generation_tokens_total", {}), ("vigil_prompt_tokens_total", {}),
+                            ("vigil_request_finished_total", {"finish_reason": "length"})):
+        assert value(after, counter, model="smollm", **labels) == value(before, counter, model="smollm", **labels)
+    assert value(after, "vigil_model_flops_total", model="smollm") > value(before, "vigil_model_flops_total",
+                                                                            model="smollm")
+    assert value(after, "vigil_engine_ready", model="smollm") == 1
 
 
 def test_model_flops_count_every_token_of_the_requests_sent(traffic, smollm_folder):

@@ -11,8 +11,13 @@ from server.api import chat, completions, health, models
 from server.api.auth import require_api_key
 from server.api.errors import install_error_handlers
 from server.api.lifecycle import Lifecycle
-from server.api.middleware import DrainMiddleware, ErrorBoundaryMiddleware, RequestIdMiddleware, RequestLimitsMiddleware
-from server.api.readiness import ReadinessProbe
+from server.api.middleware import (
+    AdmissionMiddleware,
+    ErrorBoundaryMiddleware,
+    RequestIdMiddleware,
+    RequestLimitsMiddleware,
+)
+from server.api.readiness import ReadinessProbe, keep_reporting
 from server.api.security import APIKeys, RateLimiter
 from server.api.state import ServerState
 from server.config import ServerConfig
@@ -38,15 +43,20 @@ def create_app(
 ) -> FastAPI:
     """The engine's loop thread starts with the app and stops with it."""
     lifecycle = lifecycle or Lifecycle()
+    readiness = ReadinessProbe(engine, lifecycle, telemetry.report_status if telemetry is not None else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start(asyncio.get_running_loop())
+        reporting = None
         if telemetry is not None:
             telemetry.start()
+            reporting = asyncio.create_task(keep_reporting(readiness))
         try:
             yield
         finally:
+            if reporting is not None:
+                reporting.cancel()
             if telemetry is not None:
                 telemetry.shutdown()
             engine.stop()
@@ -66,7 +76,7 @@ def create_app(
         lifecycle=lifecycle,
         api_keys=APIKeys(config.api_keys),
         limiter=RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm),
-        readiness=ReadinessProbe(engine),
+        readiness=readiness,
         metrics_exposition=telemetry.exposition if telemetry is not None else health.default_metrics_exposition,
         telemetry=telemetry,
     )
@@ -74,13 +84,11 @@ def create_app(
     for router in (completions.router, chat.router, models.router, health.probes, health.guarded, _openapi):
         app.include_router(router)
     # add_middleware puts each new one outermost: this reads innermost first.
-    app.add_middleware(DrainMiddleware, lifecycle=lifecycle, exempt_paths=health.PROBE_PATHS)
+    app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, engine=engine, exempt_paths=health.PROBE_PATHS)
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=config.max_request_bytes,
                        max_header_bytes=config.max_header_bytes)
     app.add_middleware(ErrorBoundaryMiddleware)
     app.add_middleware(RequestIdMiddleware)
     if telemetry is not None:
-        readiness = app.state.vigil.readiness
-        telemetry.watch_readiness(lambda: not lifecycle.draining and readiness.liveness_problem() is None)
         app.add_middleware(HttpMetricsMiddleware, metrics=telemetry.metrics)
     return app

@@ -8,7 +8,7 @@ import jinja2
 from fastapi import APIRouter, Request
 
 from server.api.auth import RateLimitedCaller
-from server.api.errors import APIError, invalid_request
+from server.api.errors import invalid_request
 from server.api.generation import GenerationRun, admit, check_model, fan_out, new_id, reject_unsupported, respond
 from server.api.protocol import (
     AssistantMessage,
@@ -20,7 +20,7 @@ from server.api.protocol import (
     DeltaMessage,
 )
 from server.api.responses import ERROR_RESPONSES, STREAM_RESPONSE
-from server.api.sse import DONE, error_event, event
+from server.api.sse import event
 from server.api.state import State
 from server.engine.request import CompletionOutput
 from server.models.tokenizer import Tokenizer
@@ -69,16 +69,12 @@ async def _events(run: GenerationRun, model: str, include_usage: bool) -> AsyncI
     def chunk(choices: list[ChatChunkChoice], **extra: object) -> bytes:
         return event(ChatCompletionChunk(id=generation_id, created=created, model=model, choices=choices, **extra))
 
-    try:
-        for index in range(len(run.generation.requests)):
-            yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
-        async for index, output in run.outputs():
-            if output.delta_text or output.finish_reason is not None:
-                delta = DeltaMessage(content=output.delta_text) if output.delta_text else DeltaMessage()
-                yield chunk([ChatChunkChoice(index=index, delta=delta, finish_reason=output.finish_reason,
-                                             stop_reason=output.stop_reason)])
-        if include_usage:
-            yield chunk([], usage=run.usage())
-    except APIError as error:
-        yield error_event(error)
-    yield DONE
+    for index in range(len(run.generation.requests)):
+        yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+    async for index, output in run.outputs():
+        if output.delta_text or output.finish_reason is not None:
+            delta = DeltaMessage(content=output.delta_text) if output.delta_text else DeltaMessage()
+            yield chunk([ChatChunkChoice(index=index, delta=delta, finish_reason=output.finish_reason,
+                                         stop_reason=output.stop_reason)])
+    if include_usage:
+        yield chunk([], usage=run.usage())

@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 
 from server.api.auth import RateLimitedCaller
-from server.api.errors import APIError
 from server.api.generation import GenerationRun, admit, check_model, fan_out, new_id, reject_unsupported, respond
 from server.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from server.api.responses import ERROR_RESPONSES, STREAM_RESPONSE
-from server.api.sse import DONE, error_event, event
+from server.api.sse import event
 from server.api.state import State
 from server.engine.request import CompletionOutput
 
@@ -42,17 +41,12 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
 
 async def _events(run: GenerationRun, model: str, include_usage: bool) -> AsyncIterator[bytes]:
     generation_id, created = run.generation.id, int(time.time())
-    try:
-        async for index, output in run.outputs():
-            if output.delta_text or output.finish_reason is not None:
-                choice = CompletionChoice(
-                    index=index, text=output.delta_text, finish_reason=output.finish_reason,
-                    stop_reason=output.stop_reason,
-                )
-                yield event(CompletionResponse(id=generation_id, created=created, model=model, choices=[choice]))
-        if include_usage:
-            yield event(CompletionResponse(id=generation_id, created=created, model=model, choices=[],
-                                           usage=run.usage()))
-    except APIError as error:
-        yield error_event(error)
-    yield DONE
+    async for index, output in run.outputs():
+        if output.delta_text or output.finish_reason is not None:
+            choice = CompletionChoice(
+                index=index, text=output.delta_text, finish_reason=output.finish_reason,
+                stop_reason=output.stop_reason,
+            )
+            yield event(CompletionResponse(id=generation_id, created=created, model=model, choices=[choice]))
+    if include_usage:
+        yield event(CompletionResponse(id=generation_id, created=created, model=model, choices=[], usage=run.usage()))

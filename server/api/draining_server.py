@@ -18,7 +18,7 @@ class DrainingServer(uvicorn.Server):
     ) -> None:
         super().__init__(config)
         self._lifecycle = lifecycle
-        self._engine = engine
+        self.engine = engine
         self._shutdown_timeout = shutdown_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
@@ -44,5 +44,10 @@ class DrainingServer(uvicorn.Server):
         logger.info("draining: %d requests in flight, up to %.0fs", self._lifecycle.in_flight, self._shutdown_timeout)
         if not await self._lifecycle.wait_idle(self._shutdown_timeout):
             logger.warning("shutdown timeout: ending %d requests still in flight", self._lifecycle.in_flight)
-            self._engine.stop()
+            self.engine.stop()
         self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.engine.load_error is not None:
+            return True  # nothing to serve: exit, and let the caller report why
+        return await super().on_tick(counter)

@@ -77,10 +77,16 @@ def unavailable(message: str, code: str) -> APIError:
 
 
 SHUTTING_DOWN = "the server is shutting down"
+LOADING = "the model is still loading"
+LOADING_RETRY_AFTER_S = 5.0
 
 
 def draining() -> APIError:
     return unavailable(SHUTTING_DOWN, "draining")
+
+
+def loading() -> APIError:
+    return APIError(503, LOADING, code="loading", retry_after=LOADING_RETRY_AFTER_S)
 
 
 async def send_error(send: Send, error: APIError) -> None:

@@ -14,7 +14,7 @@ from starlette.types import Receive
 from server.api.errors import APIError, draining, engine_failed, invalid_request, unavailable
 from server.api.protocol import MAX_CHOICES, Usage
 from server.api.security import TokenReservation
-from server.api.sse import EventStreamResponse
+from server.api.sse import DONE, EventStreamResponse, error_event
 from server.api.state import ServerState
 from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError, OutputStream
 from server.engine.request import CompletionOutput, QueueFullError, Request, SamplingParams
@@ -142,6 +142,18 @@ class GenerationRun:
         finally:
             self.close()
 
+    async def event_stream(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """``events``, then ``[DONE]``. An error after the 200 header can only travel as an event: it becomes one,
+        and counts as a ``stream_error``."""
+        try:
+            async for item in events:
+                yield item
+        except APIError as error:
+            if self._telemetry is not None:
+                self._telemetry.record_error("stream_error")
+            yield error_event(error)
+        yield DONE
+
     def usage(self) -> Usage:
         completion = sum(self._completion_tokens)
         prompt = self.generation.num_prompt_tokens
@@ -190,7 +202,7 @@ async def respond(
 ) -> Response | BaseModel:
     """The event stream, or the whole answer once every choice has finished (499 when the client left first)."""
     if stream:
-        return EventStreamResponse(events(), cleanup=run.close)
+        return EventStreamResponse(run.event_stream(events()), cleanup=run.close)
     finals = await run.collect(request.receive)
     if finals is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from server.api.auth import require_api_key, require_metrics_key
-from server.api.errors import SHUTTING_DOWN, APIError, unavailable
+from server.api.errors import LOADING, SHUTTING_DOWN, APIError, unavailable
 from server.api.protocol import ErrorResponse, HealthStatus
 from server.api.state import ServerState, State
 
@@ -18,6 +18,7 @@ _MESSAGES = {
     "canary_timeout": "the engine did not answer a one-token canary in time",
     "canary_failed": "the engine answered a canary with no token",
     "draining": SHUTTING_DOWN,
+    "loading": LOADING,
 }
 
 probes = APIRouter(tags=["health"], responses=_PROBE_RESPONSES)
@@ -29,8 +30,6 @@ def _problem(code: str) -> APIError:
 
 
 async def _readiness(state: ServerState) -> HealthStatus:
-    if state.lifecycle.draining:
-        raise _problem("draining")
     problem = await state.readiness.readiness_problem()
     if problem is not None:
         raise _problem(problem)

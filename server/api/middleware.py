@@ -8,8 +8,9 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.api.errors import APIError, draining, send_error
+from server.api.errors import APIError, draining, loading, send_error
 from server.api.lifecycle import Lifecycle
+from server.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger("vigil.api")
 
@@ -153,20 +154,22 @@ class _LimitedBody:
         await self._send(message)
 
 
-class DrainMiddleware:
-    """Counts requests in flight; while draining, new requests get 503 (health probes pass through)."""
+class AdmissionMiddleware:
+    """Counts requests in flight; while the model loads or the server drains, new requests get 503 (health probes
+    and /metrics pass through)."""
 
-    def __init__(self, app: ASGIApp, lifecycle: Lifecycle, exempt_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle, engine: AsyncEngine, exempt_paths: frozenset[str]) -> None:
         self.app = app
         self.lifecycle = lifecycle
+        self.engine = engine
         self.exempt_paths = exempt_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.exempt_paths:
             await self.app(scope, receive, send)
             return
-        if self.lifecycle.draining:
-            await send_error(send, draining())
+        if self.lifecycle.draining or self.engine.loading:
+            await send_error(send, draining() if self.lifecycle.draining else loading())
             return
         with self.lifecycle.track():
             await self.app(scope, receive, send)

@@ -1,11 +1,13 @@
 """Is the engine alive, and is it really serving? Liveness reads the loop's health; readiness also proves an
-idle engine with a one-token canary request, at most once per interval."""
+idle engine with a one-token canary request, at most once per interval. ``keep_reporting`` keeps the server's
+phase and readiness reported (as metrics) even when no orchestrator probes."""
 
 import asyncio
 import math
 import time
 from collections.abc import Callable
 
+from server.api.lifecycle import Lifecycle
 from server.engine.async_engine import AsyncEngine, EngineDeadError
 from server.engine.request import INTERNAL_REQUEST_PREFIX, QueueFullError, SamplingParams
 
@@ -13,17 +15,31 @@ from server.engine.request import INTERNAL_REQUEST_PREFIX, QueueFullError, Sampl
 STALLED_STEP_S = 60.0
 CANARY_INTERVAL_S = 10.0
 CANARY_TIMEOUT_S = 30.0
+STATUS_REPORT_INTERVAL_S = 2.0
+
+
+# The phase each readiness problem means (vigil_engine_phase); any other problem leaves the server serving, unready.
+PHASE_OF_PROBLEM = {"loading": "loading", "draining": "draining", "engine_dead": "dead"}
+
+StatusReport = Callable[[str, bool], None]
 
 
 class ReadinessProbe:
+    """Every readiness verdict also goes to ``report(phase, ready)``, so that what /readyz says and what the
+    metrics say are the same verdict."""
+
     def __init__(
         self,
         engine: AsyncEngine,
+        lifecycle: Lifecycle,
+        report: StatusReport | None = None,
         interval: float = CANARY_INTERVAL_S,
         timeout: float = CANARY_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engine = engine
+        self._lifecycle = lifecycle
+        self._report = report
         self._interval = interval
         self._timeout = timeout
         self._clock = clock
@@ -31,8 +47,11 @@ class ReadinessProbe:
         self._canary: asyncio.Task[str | None] | None = None
 
     def liveness_problem(self) -> str | None:
-        """None when the loop thread runs and is not stuck in a step; else a short code saying why."""
+        """None when the loop thread runs and is not stuck in a step (or still loads the model); else a short code
+        saying why."""
         health = self._engine.health()
+        if health.loading:
+            return None
         if not health.alive:
             return "engine_dead"
         if health.step_started_at is not None and self._clock() - health.step_started_at > STALLED_STEP_S:
@@ -40,6 +59,16 @@ class ReadinessProbe:
         return None
 
     async def readiness_problem(self) -> str | None:
+        problem = await self._readiness_problem()
+        if self._report is not None:
+            self._report(PHASE_OF_PROBLEM.get(problem or "", "serving"), problem is None)
+        return problem
+
+    async def _readiness_problem(self) -> str | None:
+        if self._engine.loading:
+            return "loading"
+        if self._lifecycle.draining:
+            return "draining"
         problem = self.liveness_problem()
         if problem is not None:
             return problem
@@ -78,3 +107,11 @@ class ReadinessProbe:
             return "canary_failed"
         self._proven_at = self._clock()
         return None
+
+
+async def keep_reporting(probe: ReadinessProbe, interval: float = STATUS_REPORT_INTERVAL_S) -> None:
+    """Ask for a readiness verdict every ``interval`` seconds, until cancelled, so that the reported status stays
+    current (and an idle engine is proven by the canary) whether or not an orchestrator probes."""
+    while True:
+        await probe.readiness_problem()
+        await asyncio.sleep(interval)

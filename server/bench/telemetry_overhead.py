@@ -75,7 +75,8 @@ def render_time(num_requests: int) -> tuple[float, int]:
 def run(args: argparse.Namespace) -> int:
     configure_logging("console", "WARNING")  # one request_finished line per request would drown the figures
     engine = build_engine(engine_config_from_args(args))
-    telemetry = Telemetry(TelemetryConfig(model="bench"), engine, CollectorRegistry())
+    telemetry = Telemetry(TelemetryConfig(model="bench"), CollectorRegistry())
+    telemetry.attach(engine)
     engine.stats_listeners.clear()
     warm_up(engine, args)
     rates: dict[bool, list[float]] = {True: [], False: []}

@@ -1,5 +1,8 @@
 """The engine on its own thread: requests go in through a queue, outputs come back to asyncio streams.
 
+The thread may also build the engine first (the model loads there), so that a server answers its probes and
+/metrics while it loads.
+
 ``LLMEngine`` is not thread-safe, so one background thread owns it: only that thread calls
 ``add_request``, ``abort_request`` and ``step``. Callers on the event loop submit commands through a
 thread-safe queue that the thread drains between steps, and blocks on when there is nothing to run.
@@ -34,10 +37,16 @@ class EngineStoppedError(EngineDeadError):
     """The engine loop was stopped on purpose (shutdown) while requests were still running."""
 
 
+class EngineLoadingError(RuntimeError):
+    """The engine is still being built (the model loads): nothing can run yet."""
+
+
 @dataclass(frozen=True)
 class EngineHealth:
-    """A snapshot of the loop. Times are ``time.monotonic()`` values."""
+    """A snapshot of the loop. Times are ``time.monotonic()`` values. While ``loading``, the pool is not sized yet
+    and its counts are 0."""
 
+    loading: bool
     alive: bool
     error: str | None
     last_step_at: float | None
@@ -99,8 +108,13 @@ class _Stop:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
-        self._engine = engine
+    """Runs ``engine``, or a function that builds one: that runs first on the loop thread, and until it returns
+    the engine is ``loading``. If it raises, the engine is dead and ``load_error`` says why."""
+
+    def __init__(self, engine: LLMEngine | Callable[[], LLMEngine]) -> None:
+        self._engine = engine if isinstance(engine, LLMEngine) else None
+        self._load = None if isinstance(engine, LLMEngine) else engine
+        self.load_error: Exception | None = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, OutputStream] = {}  # owned by the loop thread
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -115,16 +129,25 @@ class AsyncEngine:
     # --- read-only facts about the model, safe from any thread -------------------------------------------
 
     @property
+    def loading(self) -> bool:
+        return self._engine is None and self.load_error is None
+
+    @property
     def tokenizer(self) -> Tokenizer:
-        return self._engine.tokenizer
+        return self._built().tokenizer
 
     @property
     def max_model_len(self) -> int:
-        return self._engine.max_model_len
+        return self._built().max_model_len
 
     def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> Request:
         """Validate and tokenize (raises InvalidRequestError). Thread-safe: call it off the event loop."""
-        return self._engine.make_request(request_id, prompt, params)
+        return self._built().make_request(request_id, prompt, params)
+
+    def _built(self) -> LLMEngine:
+        if self._engine is None:
+            raise EngineDeadError("the engine failed to load") if self.load_error else EngineLoadingError()
+        return self._engine
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
@@ -147,7 +170,9 @@ class AsyncEngine:
     # --- the event loop's side -----------------------------------------------------------------------------
 
     async def add(self, requests: list[Request]) -> OutputStream:
-        """Queue all of ``requests`` or none; raises QueueFullError or EngineDeadError."""
+        """Queue all of ``requests`` or none; raises QueueFullError, EngineLoadingError or EngineDeadError."""
+        if self.loading:
+            raise EngineLoadingError()
         if self._stopped:
             raise EngineStoppedError(ENGINE_STOPPED)
         if self._error is not None or self._loop is None:
@@ -169,22 +194,30 @@ class AsyncEngine:
         return f"{prefix}-{next(self._ids)}"
 
     def health(self) -> EngineHealth:
-        block_manager = self._engine.scheduler.block_manager
+        block_manager = self._engine.scheduler.block_manager if self._engine is not None else None
         alive = self._thread is not None and self._thread.is_alive() and self._error is None
         return EngineHealth(
+            loading=self.loading,
             alive=alive,
             error=self._error,
             last_step_at=self._last_step_at,
             step_started_at=self._step_started_at,
             num_steps=self._num_steps,
             num_unfinished=len(self._streams),
-            num_free_blocks=block_manager.num_free_blocks,
-            num_blocks=block_manager.num_blocks,
+            num_free_blocks=block_manager.num_free_blocks if block_manager is not None else 0,
+            num_blocks=block_manager.num_blocks if block_manager is not None else 0,
         )
 
     # --- the loop thread -------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._load is not None:
+            try:
+                self._engine = self._load()
+            except Exception as error:  # a model that cannot load: the server says so in one line and exits
+                logger.debug("the engine failed to load", exc_info=error)
+                self.load_error = error
+                self._error = f"{type(error).__name__}: {error}"
         while True:
             try:
                 self._serve_commands()

@@ -11,7 +11,7 @@ from server.engine.block_manager import BlockManager
 from server.engine.engine import LLMEngine
 from server.engine.model_runner import ModelRunner, kv_bytes_per_block
 from server.engine.scheduler import Scheduler, SchedulerConfig
-from server.engine.stats import CacheInfo
+from server.engine.stats import CacheInfo, EngineInfo
 from server.models.config import ModelConfig
 from server.models.linear import fp16_weight_gemm_available
 from server.models.llama import LlamaModel
@@ -105,7 +105,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     bytes_per_block = kv_bytes_per_block(model_config, config.block_size, kv_dtype)
     num_blocks = count_kv_blocks(config, bytes_per_block, device)
     cache_info = CacheInfo(
-        num_blocks, config.block_size, bytes_per_block, str(device), str(kv_dtype).removeprefix("torch.")
+        num_blocks, config.block_size, bytes_per_block, str(device), _dtype_name(kv_dtype)
     )
     logger.info(
         "KV cache: %d blocks of %d tokens (%.1f MiB) in %s on %s; compute %s, weights %s; attention backend %s",
@@ -122,4 +122,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         ),
         block_manager,
     )
-    return LLMEngine(config, model_config, tokenizer, scheduler, runner, cache_info, max_model_len)
+    info = EngineInfo(attention.name, _dtype_name(dtype), _dtype_name(weight_dtype), str(device))
+    return LLMEngine(config, model_config, tokenizer, scheduler, runner, cache_info, info, max_model_len)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

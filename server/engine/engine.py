@@ -11,7 +11,7 @@ from server.engine.output_processor import OutputProcessor
 from server.engine.repetition import RepetitionDetector
 from server.engine.request import InvalidRequestError, Request, RequestOutput, RequestStatus, SamplingParams
 from server.engine.scheduler import Scheduler, SchedulerOutput
-from server.engine.stats import CacheInfo, FinishedRequestStats, RequestEvent, StepStats
+from server.engine.stats import CacheInfo, EngineInfo, FinishedRequestStats, RequestEvent, StepStats
 from server.models.config import ModelConfig
 from server.models.tokenizer import Tokenizer
 
@@ -29,6 +29,7 @@ class LLMEngine:
         scheduler: Scheduler,
         runner: ModelRunner,
         cache_info: CacheInfo,
+        info: EngineInfo,
         max_model_len: int,
     ) -> None:
         self.config = config
@@ -37,6 +38,7 @@ class LLMEngine:
         self.scheduler = scheduler
         self.runner = runner
         self.cache_info = cache_info
+        self.info = info
         self.max_model_len = max_model_len
         self.output_processor = OutputProcessor(tokenizer)
         self.model_flops = ModelFlops.of(model_config)
@@ -163,7 +165,7 @@ class LLMEngine:
         self.requests.pop(request.request_id, None)
         self.output_processor.remove_request(request.request_id)
         self.runner.sampler.forget(request.request_id)
-        if self.stats_listeners:
+        if self.stats_listeners and not request.internal:
             self._pending_finished.append(finished_stats(request))
 
     def _step_stats(
@@ -179,7 +181,7 @@ class LLMEngine:
                    if r.times.scheduled is not None and r.times.scheduled >= started]
         events += [RequestEvent(r.request_id, "preempted", now) for r in scheduled.preempted]
         events.sort(key=lambda e: e.timestamp)
-        prompt_tokens = sum(s.num_prompt_tokens for s in scheduled.scheduled)
+        prompt_tokens = sum(s.num_prompt_tokens for s in scheduled.scheduled if not s.request.internal)
         num_decode = sum(1 for s in scheduled.scheduled if s.is_decode)
         block_manager = self.scheduler.block_manager
         running = self.scheduler.running
@@ -200,7 +202,7 @@ class LLMEngine:
             prefix_cache_queries=scheduled.prefix_cache_queries,
             prefix_cache_hits=scheduled.prefix_cache_hits,
             num_prompt_tokens=prompt_tokens,
-            num_generation_tokens=len(received),
+            num_generation_tokens=sum(1 for r in received if not r.internal),
             model_flops=self.model_flops.of_step(scheduled),
             inter_token_latencies_s=inter_token_latencies,
             events=events,

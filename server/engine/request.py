@@ -148,6 +148,11 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def internal(self) -> bool:
+        """Made by the server itself (a readiness canary), not by a client."""
+        return self.request_id.startswith(INTERNAL_REQUEST_PREFIX)
+
+    @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 

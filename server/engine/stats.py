@@ -21,6 +21,16 @@ class CacheInfo:
 
 
 @dataclass(frozen=True)
+class EngineInfo:
+    """How the engine computes, as built: the attention backend that serves, and the dtypes."""
+
+    attention_backend: str  # "cpu" (C++ kernels), "triton" or "torch"
+    dtype: str  # of activations, e.g. "float32"
+    weight_dtype: str
+    device: str
+
+
+@dataclass(frozen=True)
 class RequestEvent:
     """A moment in a request's life: ``queued``, ``scheduled``, ``first_token`` or ``preempted``."""
 
@@ -67,7 +77,10 @@ class FinishedRequestStats:
 
 @dataclass(frozen=True)
 class StepStats:
-    """One engine step: what was scheduled, how the pool stood, and what came out."""
+    """One engine step: what was scheduled, how the pool stood, and what came out.
+
+    ``num_prompt_tokens``, ``num_generation_tokens`` and ``finished`` cover clients' requests only (what was
+    served); the server's own canaries are in the step's work (``model_flops``, the batch) but not in those."""
 
     timestamp: float
     step_duration_s: float

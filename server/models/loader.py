@@ -54,8 +54,9 @@ def default_cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "vigil"
 
 
-def resolve_model_folder(model: str | None, cache_dir: Path | None = None) -> Path:
-    """Turn ``--model`` (None, a ``.gguf`` file or a HF folder) into a validated HF folder."""
+def locate_model(model: str | None) -> Path:
+    """``--model`` (None, a ``.gguf`` file or a HF folder) as a path, checked quickly: it exists, and a folder
+    holds a supported model. Raises FileNotFoundError or ValueError with a message for the user."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if path.is_dir():
         _validate_hf_folder(path)
@@ -67,6 +68,14 @@ def resolve_model_folder(model: str | None, cache_dir: Path | None = None) -> Pa
         )
     if path.suffix.lower() != ".gguf":
         raise ValueError(f"Model {str(path)!r} is neither a .gguf file nor a Hugging Face folder.")
+    return path
+
+
+def resolve_model_folder(model: str | None, cache_dir: Path | None = None) -> Path:
+    """Turn ``--model`` into a validated HF folder, converting a GGUF file once into the cache."""
+    path = locate_model(model)
+    if path.is_dir():
+        return path
     return _converted_folder(path, Path(cache_dir) if cache_dir is not None else default_cache_dir())
 
 

@@ -1,0 +1,53 @@
+"""``python -m server`` with switches for tests, patched into this process rather than built into the product:
+
+- SIGUSR1: the engine's next step raises, as a real engine failure would;
+- with HOLD_LOAD_ENV=1 in the environment, the engine's build waits for SIGUSR2, so that a test can watch the
+  server while its model loads.
+"""
+
+import os
+import signal
+import sys
+import threading
+
+from server.__main__ import main
+from server.engine import builder
+from server.engine.engine import LLMEngine
+
+HOLD_LOAD_ENV = "VIGIL_TEST_HOLD_LOAD"
+
+
+class EngineFault(RuntimeError):
+    pass
+
+
+def install_fault_switch() -> None:
+    armed = threading.Event()
+    real_step = LLMEngine.step
+
+    def step(self: LLMEngine):
+        if armed.is_set():
+            raise EngineFault("the test's fault switch")
+        return real_step(self)
+
+    signal.signal(signal.SIGUSR1, lambda signum, frame: armed.set())
+    LLMEngine.step = step
+
+
+def install_load_hold() -> None:
+    released = threading.Event()
+    real_build = builder.build_engine
+
+    def build_engine(config):
+        released.wait()
+        return real_build(config)
+
+    signal.signal(signal.SIGUSR2, lambda signum, frame: released.set())
+    builder.build_engine = build_engine
+
+
+if __name__ == "__main__":
+    install_fault_switch()
+    if os.environ.get(HOLD_LOAD_ENV) == "1":
+        install_load_hold()
+    sys.exit(main())
