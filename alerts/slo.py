@@ -50,11 +50,11 @@ def rate_sum(selector: str, window: str) -> str:
     return f"sum(rate({selector}[{window}]))"
 
 
-def series(selector: str, suffix: str, matcher: str = "") -> str:
-    """``metric{a="b"}``, ``_bucket``, ``le="2.0"`` -> ``metric_bucket{a="b", le="2.0"}``."""
+def series(selector: str, suffix: str, *matchers: str) -> str:
+    """``metric{a="b"}``, ``_bucket``, ``le="2.0"`` -> ``metric_bucket{a="b", le="2.0"}``, skipping empty matchers."""
     name, _, rest = selector.partition("{")
-    matchers = [m for m in (rest.rstrip("}"), matcher) if m]
-    return f"{name}{suffix}{{{', '.join(matchers)}}}"
+    kept = [m for m in (rest.rstrip("}"), *matchers) if m]
+    return f"{name}{suffix}{{{', '.join(kept)}}}"
 
 
 @dataclass(frozen=True)
@@ -83,17 +83,19 @@ class SLO:
         """The threshold as the `le` label value that the Python client writes on the bucket."""
         return floatToGoString(self.threshold_seconds)
 
-    def bad_rate(self, window: str) -> str:
-        """Bad events per second over ``window``; 0, not nothing, while a bad-event counter does not exist yet."""
+    def bad_rate(self, window: str, matcher: str = "") -> str:
+        """Bad events per second over ``window`` (``matcher`` added to every selector); 0, not nothing, while a
+        bad-event counter does not exist yet."""
         if self.histogram:
-            good = rate_sum(series(self.histogram, "_bucket", f'le="{self.le}"'), window)
-            return f"{self.total_rate(window)}\n  - {good}"
-        return "\n  + ".join(f"({rate_sum(selector, window)} or vector(0))" for selector in self.bad)
+            good = rate_sum(series(self.histogram, "_bucket", matcher, f'le="{self.le}"'), window)
+            return f"{self.total_rate(window, matcher)}\n  - {good}"
+        bad = (rate_sum(series(selector, "", matcher), window) for selector in self.bad)
+        return "\n  + ".join(f"({rate} or vector(0))" for rate in bad)
 
-    def total_rate(self, window: str) -> str:
+    def total_rate(self, window: str, matcher: str = "") -> str:
         if self.histogram:
-            return rate_sum(series(self.histogram, "_count"), window)
-        return rate_sum(self.total, window)
+            return rate_sum(series(self.histogram, "_count", matcher), window)
+        return rate_sum(series(self.total, "", matcher), window)
 
 
 def load(path: Path = SPEC) -> list[SLO]:

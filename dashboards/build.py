@@ -1,11 +1,12 @@
-"""Writes Vigil's four Grafana dashboards (dashboards/*.json) from the descriptions below.
+"""Writes Vigil's Grafana dashboards (dashboards/*.json) from the descriptions below and in slo_dashboard.py.
 
     python dashboards/build.py           rewrite the JSON files
     python dashboards/build.py --check   exit 1 if a committed file differs from what this would write
 
-Every panel reads the Prometheus picked by the `datasource` variable, and every query is filtered by the
-`model` and `instance` variables (by instance alone for metrics without a model label), so the same
-dashboards work on any Grafana. A test keeps the committed JSON equal to this script's output.
+Every panel reads the Prometheus picked by the `datasource` variable, and every query of the per-instance
+dashboards is filtered by the `model` and `instance` variables (by instance alone for metrics without a model
+label), so the same dashboards work on any Grafana. The SLO targets come from alerts/slo.yml, as the alert
+rules' do. A test keeps the committed JSON equal to this script's output.
 """
 
 import json
@@ -13,264 +14,49 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
 
-# Service level objectives, shown as thresholds on the Overview tiles (the alert rules use the same).
-SLO_TTFT_P99_SECONDS = 2.0
-SLO_INTER_TOKEN_P99_SECONDS = 0.5
-SLO_OUTPUT_SPEED_P50 = 10  # tokens per second per request
-SLO_SUCCESS_RATIO = 0.99
+from alerts.slo import SLO, load  # noqa: E402
+from dashboards.panels import (  # noqa: E402
+    API_ROUTES,
+    TOKENS_PER_SECOND,
+    dashboard,
+    heatmap,
+    quantile,
+    quantile_targets,
+    rate,
+    row,
+    series,
+    stat,
+    target,
+    thresholds,
+    timeseries,
+)
+from dashboards.slo_dashboard import slo_dashboard  # noqa: E402
 
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# Metrics that carry no `model` label; everything else is filtered by model too.
-WITHOUT_MODEL = ("vigil_gpu_", "vigil_host_", "vigil_http_requests_total", "vigil_request_errors_total", "process_")
-# The OpenAI API's traffic, without Prometheus scrapes and health probes.
-API_ROUTES = 'route!~"/metrics|/livez|/readyz|/health"'
-TOKENS_PER_SECOND = "suffix: tok/s"
-
-
-def series(metric: str, *matchers: str) -> str:
-    """``metric{...}`` filtered by the dashboard's variables, plus any extra matchers."""
-    scope = (
-        ['instance=~"$instance"'] if metric.startswith(WITHOUT_MODEL) else ['model=~"$model"', 'instance=~"$instance"']
-    )
-    return f"{metric}{{{', '.join([*scope, *matchers])}}}"
-
-
-def rate(metric: str, *matchers: str, window: str = "$__rate_interval") -> str:
-    return f"rate({series(metric, *matchers)}[{window}])"
+SLOS = {slo.name: slo for slo in load()}
+# A target for the dashboards only (no SLO, no alert): how fast a user sees text stream.
+OUTPUT_SPEED_P50_TARGET = 10  # tokens per second per request
 
 
-def quantile(q: float, histogram: str, by: str = "model", window: str = "$__rate_interval") -> str:
-    grouping = f"le, {by}" if by else "le"
-    return f"histogram_quantile({q}, sum by ({grouping}) ({rate(histogram + '_bucket', window=window)}))"
+def percentile(slo: SLO) -> str:
+    """The quantile a latency SLO pins, as a tile names it: 0.99 -> "P99"."""
+    return f"P{slo.objective * 100:g}"
 
 
-def target(expr: str, legend: str = "", exemplar: bool = False, instant: bool = False, heatmap: bool = False) -> dict:
-    found = {
-        "datasource": DATASOURCE,
-        "editorMode": "code",
-        "expr": expr,
-        "legendFormat": legend,
-        "range": not instant,
-        "instant": instant,
-        "exemplar": exemplar,
-    }
-    if heatmap:
-        found["format"] = "heatmap"
-    return found
-
-
-def quantile_targets(histogram: str, quantiles=(0.5, 0.95, 0.99), exemplar: bool = True) -> list[dict]:
-    """One line per quantile and model; exemplars link the points to the traces of single requests."""
-    return [target(quantile(q, histogram), f"p{round(q * 100)} {{{{model}}}}", exemplar=exemplar) for q in quantiles]
-
-
-def thresholds(*steps) -> dict:
-    """``thresholds("green", 1.5, "yellow", 2, "red")``: a base colour, then (value, colour) pairs."""
-    found = [{"color": steps[0], "value": None}]
-    found += [{"color": color, "value": value} for value, color in zip(steps[1::2], steps[2::2], strict=True)]
-    return {"mode": "absolute", "steps": found}
-
-
-def timeseries(
-    title,
-    description,
-    targets,
-    unit="short",
-    width=12,
-    min_value=None,
-    max_value=None,
-    limits=None,
-    stacked=False,
-    stepped=False,
-):
-    """A time series panel; ``limits`` (a thresholds dict) draws its steps as dashed lines."""
-    defaults = {
-        "unit": unit,
-        "custom": {
-            "drawStyle": "line",
-            "lineInterpolation": "stepAfter" if stepped else "linear",
-            "lineWidth": 1,
-            "fillOpacity": 30 if stacked else 10,
-            "showPoints": "never",
-            "spanNulls": False,
-            "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
-            "thresholdsStyle": {"mode": "dashed" if limits else "off"},
-        },
-        "thresholds": limits or thresholds("green"),
-        "color": {"mode": "palette-classic"},
-    }
-    if min_value is not None:
-        defaults["min"] = min_value
-    if max_value is not None:
-        defaults["max"] = max_value
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []},
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-        "_size": (width, 8),
-    }
-
-
-def stat(title, description, expr, unit, limits, width=4, mappings=None, sparkline=False):
-    return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": [target(expr, instant=not sparkline)],
-        "fieldConfig": {
-            "defaults": {
-                "unit": unit,
-                "decimals": 2,
-                "thresholds": limits,
-                "mappings": mappings or [],
-                "color": {"mode": "thresholds"},
-            },
-            "overrides": [],
-        },
-        "options": {
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "background",
-            "graphMode": "area" if sparkline else "none",
-            "justifyMode": "auto",
-            "textMode": "value",
-            "orientation": "auto",
-        },
-        "_size": (width, 5),
-    }
-
-
-def heatmap(title, description, histogram, unit, width=12):
-    """How a histogram's observations spread over its buckets, interval by interval."""
-    expr = f"sum by (le) (increase({series(histogram + '_bucket')}[$__rate_interval]))"
-    return {
-        "type": "heatmap",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": [target(expr, "{{le}}", heatmap=True)],
-        "fieldConfig": {"defaults": {}, "overrides": []},
-        "options": {
-            "calculate": False,
-            "cellGap": 1,
-            "color": {
-                "mode": "scheme",
-                "scheme": "Oranges",
-                "scale": "exponential",
-                "exponent": 0.5,
-                "steps": 64,
-                "reverse": False,
-            },
-            "yAxis": {"axisPlacement": "left", "unit": unit, "reverse": False},
-            "rowsFrame": {"layout": "auto"},
-            "filterValues": {"le": 1e-9},
-            "tooltip": {"mode": "single", "yHistogram": True},
-            "legend": {"show": True},
-            "showValue": "never",
-        },
-        "_size": (width, 8),
-    }
-
-
-def row(title):
-    return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
-
-
-def layout(panels: list[dict]) -> list[dict]:
-    """Numbers the panels and places them left to right, starting a new line when one is full or at a row."""
-    x = y = line_height = 0
-    placed = []
-    for panel_id, panel in enumerate(panels, start=1):
-        width, height = panel.pop("_size")
-        if x + width > 24 or panel["type"] == "row":
-            x, y, line_height = 0, y + line_height, 0
-        placed.append({"id": panel_id, "gridPos": {"h": height, "w": width, "x": x, "y": y}, **panel})
-        x += width
-        line_height = max(line_height, height)
-    return placed
-
-
-def variables() -> dict:
-    def query_variable(name, label, query):
-        return {
-            "name": name,
-            "label": label,
-            "type": "query",
-            "datasource": DATASOURCE,
-            "definition": query,
-            "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-            "refresh": 2,
-            "includeAll": True,
-            "multi": True,
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-            "options": [],
-            "regex": "",
-            "sort": 1,
-            "hide": 0,
-        }
-
-    return {
-        "list": [
-            {
-                "name": "datasource",
-                "label": "Data source",
-                "type": "datasource",
-                "query": "prometheus",
-                "current": {},
-                "options": [],
-                "refresh": 1,
-                "regex": "",
-                "includeAll": False,
-                "multi": False,
-                "hide": 0,
-            },
-            query_variable("model", "Model", "label_values(vigil_engine_ready, model)"),
-            query_variable("instance", "Instance", 'label_values(vigil_engine_ready{model=~"$model"}, instance)'),
-        ]
-    }
-
-
-def dashboard(uid: str, title: str, description: str, panels: list[dict]) -> dict:
-    return {
-        "id": None,
-        "uid": uid,
-        "title": f"Vigil / {title}",
-        "description": description,
-        "tags": ["vigil"],
-        "editable": False,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "time": {"from": "now-1h", "to": "now"},
-        "refresh": "30s",
-        "timezone": "browser",
-        "annotations": {"list": []},
-        "links": [
-            {
-                "title": "Vigil",
-                "type": "dashboards",
-                "tags": ["vigil"],
-                "asDropdown": True,
-                "includeVars": True,
-                "keepTime": True,
-            }
-        ],
-        "templating": variables(),
-        "panels": layout(panels),
-    }
+def latency_slo_text(slo: SLO) -> str:
+    return f"SLO: {percentile(slo)} ≤ {slo.threshold_seconds:g} s."
 
 
 def overview() -> dict:
     api = series("vigil_http_requests_total", API_ROUTES)
     api_5xx = series("vigil_http_requests_total", API_ROUTES, 'code=~"5.."')
+    ttft, availability = SLOS["time_to_first_token"], SLOS["availability"]
+    scope = 'instance=~"$instance"'
+    # Guarded by `> 0`: with no API traffic in the range the tile has no value ("no traffic"), not 0/0.
+    success = (
+        f"1 - ({availability.bad_rate('$__range', scope)})\n/ ({availability.total_rate('$__range', scope)} > 0)"
+    )
     return dashboard(
         "vigil-overview",
         "Overview",
@@ -278,25 +64,27 @@ def overview() -> dict:
         [
             row("Service level objectives, over the dashboard's time range"),
             stat(
-                f"TTFT P99 (SLO ≤ {SLO_TTFT_P99_SECONDS:g} s)",
-                "99th percentile time to first token over the selected range. Red: the SLO is missed.",
-                quantile(0.99, "vigil_time_to_first_token_seconds", by="", window="$__range"),
+                f"TTFT {percentile(ttft)} (SLO ≤ {ttft.threshold_seconds:g} s)",
+                f"{percentile(ttft)} time to first token over the selected range. Red: the SLO is missed.",
+                quantile(ttft.objective, "vigil_time_to_first_token_seconds", by="", window="$__range"),
                 "s",
-                thresholds("green", SLO_TTFT_P99_SECONDS * 0.75, "yellow", SLO_TTFT_P99_SECONDS, "red"),
+                thresholds("green", ttft.threshold_seconds * 0.75, "yellow", ttft.threshold_seconds, "red"),
             ),
             stat(
-                f"Output speed P50 (SLO ≥ {SLO_OUTPUT_SPEED_P50} tok/s)",
+                f"Output speed P50 (target ≥ {OUTPUT_SPEED_P50_TARGET} tok/s)",
                 "Median per-request decode speed over the selected range: how fast a user sees text stream.",
                 quantile(0.5, "vigil_request_decode_speed_tokens_per_second", by="", window="$__range"),
                 TOKENS_PER_SECOND,
-                thresholds("red", SLO_OUTPUT_SPEED_P50, "yellow", SLO_OUTPUT_SPEED_P50 * 1.5, "green"),
+                thresholds("red", OUTPUT_SPEED_P50_TARGET, "yellow", OUTPUT_SPEED_P50_TARGET * 1.5, "green"),
             ),
             stat(
-                f"Success rate (SLO ≥ {SLO_SUCCESS_RATIO:.0%})",
-                "Share of API requests answered without a 5xx status over the selected range.",
-                f"1 - (sum(rate({api_5xx}[$__range])) or vector(0)) / sum(rate({api}[$__range]))",
+                f"Success rate (SLO ≥ {availability.objective:.0%})",
+                "Share of API responses over the selected range that are not a failure (a 5xx, or an error sent "
+                "inside an event stream), as the availability SLO counts them.",
+                success,
                 "percentunit",
-                thresholds("red", 0.95, "yellow", SLO_SUCCESS_RATIO, "green"),
+                thresholds("red", availability.objective - 4 * availability.budget, "yellow", availability.objective,
+                           "green"),  # fmt: skip
             ),
             stat(
                 "Requests per second",
@@ -321,6 +109,7 @@ def overview() -> dict:
                 "none",
                 thresholds("red", 1, "green"),
                 mappings=[{"type": "value", "options": {"0": {"text": "Not ready"}, "1": {"text": "Ready"}}}],
+                idle="no data",
             ),
             row("Golden signals"),
             timeseries(
@@ -356,7 +145,7 @@ def overview() -> dict:
                     target(quantile(0.99, "vigil_time_to_first_token_seconds"), "ttft p99 {{model}}", exemplar=True),
                 ],
                 "s",
-                limits=thresholds("green", SLO_TTFT_P99_SECONDS, "red"),
+                limits=thresholds("green", ttft.threshold_seconds, "red"),
             ),
             timeseries(
                 "Throughput: tokens per second",
@@ -464,6 +253,16 @@ def infrastructure() -> dict:
                 "bytes",
                 min_value=0,
             ),
+            timeseries(
+                "Hardware readings failed per minute",
+                "NVML or /proc readings that failed, by field (device, temperature, memory, utilization, power, "
+                "throttle, host_cpu, host_memory). A failed reading's series leaves its panel instead of freezing; "
+                "VigilHardwareSamplingStale fires when no sample has succeeded for a while.",
+                [target(f"sum by (field) ({rate('vigil_hardware_sample_errors_total')}) * 60", "{{field}}")],
+                "short",
+                width=12,
+                min_value=0,
+            ),
             row("Host and process"),
             timeseries(
                 "Host CPU utilisation",
@@ -558,17 +357,17 @@ def service() -> dict:
             ),
             timeseries(
                 "Time to first token P50 / P95 / P99",
-                f"SLO: P99 ≤ {SLO_TTFT_P99_SECONDS:g} s.",
+                latency_slo_text(SLOS["time_to_first_token"]),
                 quantile_targets("vigil_time_to_first_token_seconds"),
                 "s",
-                limits=thresholds("green", SLO_TTFT_P99_SECONDS, "red"),
+                limits=thresholds("green", SLOS["time_to_first_token"].threshold_seconds, "red"),
             ),
             timeseries(
                 "Inter-token latency P50 / P95 / P99",
-                f"SLO: P99 ≤ {SLO_INTER_TOKEN_P99_SECONDS:g} s.",
+                latency_slo_text(SLOS["inter_token_latency"]),
                 quantile_targets("vigil_inter_token_latency_seconds"),
                 "s",
-                limits=thresholds("green", SLO_INTER_TOKEN_P99_SECONDS, "red"),
+                limits=thresholds("green", SLOS["inter_token_latency"].threshold_seconds, "red"),
             ),
             timeseries(
                 "Queue time P50 / P95 / P99",
@@ -694,10 +493,10 @@ def model() -> dict:
             timeseries(
                 "Per-request output speed P10 / P50 / P90",
                 f"Decode tokens per second of single requests; P10 is the slow tail. "
-                f"SLO: P50 ≥ {SLO_OUTPUT_SPEED_P50} tok/s.",
+                f"Target: P50 ≥ {OUTPUT_SPEED_P50_TARGET} tok/s.",
                 quantile_targets("vigil_request_decode_speed_tokens_per_second", (0.1, 0.5, 0.9), exemplar=False),
                 TOKENS_PER_SECOND,
-                limits=thresholds("red", SLO_OUTPUT_SPEED_P50, "green"),
+                limits=thresholds("red", OUTPUT_SPEED_P50_TARGET, "green"),
             ),
             timeseries(
                 "Model FLOPs utilisation",
@@ -767,7 +566,10 @@ def model() -> dict:
 
 def render() -> dict[str, str]:
     """File name -> JSON text of every dashboard."""
-    dashboards = {"overview": overview(), "infrastructure": infrastructure(), "service": service(), "model": model()}
+    dashboards = {
+        "overview": overview(), "infrastructure": infrastructure(), "service": service(), "model": model(),
+        "slo": slo_dashboard(list(SLOS.values())),
+    }
     return {
         f"{name}.json": json.dumps(board, indent=2, ensure_ascii=False) + "\n" for name, board in dashboards.items()
     }
