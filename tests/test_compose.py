@@ -272,6 +272,19 @@ def test_dockerfile_builds_a_non_root_image_with_the_model_baked_in():
     assert dockerfile.index("resolve_model_folder") > dockerfile.index("\nUSER ")
 
 
+def test_the_cpu_image_builds_its_cpp_kernels_or_fails_to_build():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    [install] = [run for run in re.findall(r"^RUN ((?:[^\n]*\\\n)*[^\n]*)", dockerfile, flags=re.MULTILINE)
+                 if "apt-get install" in run]  # fmt: skip
+    assert "g++" in install.split() and "case" in install, "a compiler for every variant"
+    # The wheel leaves out kernels/csrc; the sources must be beside the installed package for kernels.cpu.load().
+    assert "cp -r /tmp/vigil-src/kernels/csrc" in dockerfile
+    assert "TORCH_EXTENSIONS_DIR=/opt/vigil/cache/torch_extensions" in dockerfile
+    build = dockerfile.index("from kernels.cpu import load; assert load() is not None")
+    # Built as the serving user, into its cache, so that it can read (and rebuild) them at run time.
+    assert build > dockerfile.index("\nUSER ") and build > dockerfile.index("cp -r /tmp/vigil-src/kernels/csrc")
+
+
 def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies():
     patterns = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if not line.startswith("#")]
     assert patterns[0] == "*", "start from excluding everything"

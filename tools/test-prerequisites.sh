@@ -1,0 +1,24 @@
+#!/bin/sh
+# What `make test` needs besides the venv: the monitoring binaries its tests run for real, from Debian's packages
+# prometheus (prometheus, promtool), prometheus-alertmanager (prometheus-alertmanager, amtool) and haproxy.
+# As root with apt-get, it installs the missing packages; otherwise it stops with one line naming them.
+set -eu
+
+# haproxy lives in /usr/sbin, which a user's PATH often lacks.
+PATH="$PATH:/usr/sbin:/sbin"
+missing=""
+for pair in promtool:prometheus prometheus:prometheus amtool:prometheus-alertmanager \
+    prometheus-alertmanager:prometheus-alertmanager haproxy:haproxy; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"
+done
+[ -n "$missing" ] || exit 0
+packages=$(printf '%s\n' $missing | sort -u | tr '\n' ' ' | sed 's/ $//')
+
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "make test needs the Debian packages $packages: run \`sudo apt-get install $packages\`, then make test again" >&2
+    exit 1
+fi
+echo "make test: installing $packages" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends $packages
