@@ -1,19 +1,22 @@
-"""Prometheus, Alertmanager and webhook receivers on 127.0.0.1, for the end-to-end test of the ops stack.
+"""Prometheus, Alertmanager and the alert inbox on 127.0.0.1, for the end-to-end test of the ops stack.
 
 The configurations are the project's own (deploy/prometheus.yml, alerts/alertmanager.yml, alerts/rules/*.yml),
 with only addresses and intervals rewritten: every address becomes 127.0.0.1 and a free port, scrapes and
-rule evaluations run every second, Alertmanager groups in seconds, and the `for:` of the rules a test
-exercises shrinks to seconds. Expressions, labels, routes and inhibitions stay as they are.
+rule evaluations run every second, Alertmanager groups and repeats the heartbeat in seconds, working hours
+span the whole week, and the `for:` of the rules a test exercises shrinks to seconds. Vigil's replicas are
+found through a file (file_sd) instead of DNS, so that a test can make one vanish as a stopped container does.
+Expressions, labels, routes, receivers and inhibitions stay as they are. The receiver is the real alert
+inbox (deploy/alert_inbox.py), serving docs/ as in the compose stack.
 """
 
 import copy
+import importlib.util
 import json
 import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -25,13 +28,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS_CONFIG = ROOT / "deploy/prometheus.yml"
 ALERTMANAGER_CONFIG = ROOT / "alerts/alertmanager.yml"
 RULE_DIR = ROOT / "alerts/rules"
+TEMPLATES = ROOT / "alerts/templates"
+INBOX_IN_COMPOSE = "http://alert-inbox:8080"
+MONITORING_JOBS = ("prometheus", "alertmanager")
 
 INTERVAL = "1s"  # scrape and rule evaluation
-# Alertmanager's grouping delays, per route, instead of tens of seconds and minutes.
+# Alertmanager's delays, per route, instead of tens of seconds and minutes; the heartbeat repeats this often.
 FAST_GROUPING = {"group_wait": "1s", "group_interval": "2s"}
+FAST_HEARTBEAT = "2s"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
-MAX_BODY_BYTES = 1 << 20
 
 
 def require_binary(*names: str) -> str:
@@ -87,103 +93,83 @@ def rewrite_rules(target_dir: Path, fast_for: dict[str, str]) -> list[Path]:
     return paths
 
 
-def prometheus_config(server_address: str, alertmanager_address: str, rule_files: list[Path]) -> dict:
-    """deploy/prometheus.yml for loopback: the `vigil` job scrapes ``server_address`` only.
+def prometheus_config(
+    targets_file: Path, self_address: str, alertmanager_address: str, rule_files: list[Path], external_labels: dict
+) -> dict:
+    """deploy/prometheus.yml for loopback: the `vigil` job finds its replicas in ``targets_file`` (see
+    ``write_targets``), Prometheus and Alertmanager scrape where they listen, and ``external_labels`` give the
+    links' bases.
 
-    The other jobs (node-exporter, dcgm-exporter) and the DNS discovery of the `gpu` profile's server have
-    nothing to find here; they are dropped, so that nothing is looked up outside 127.0.0.1 and no failing
-    target raises a warning of its own (VigilScrapeTargetDown).
+    The exporters (node-exporter, dcgm-exporter, the OTel collector) have nothing to scrape here; they are
+    dropped, so that no failing target raises a warning of its own (VigilScrapeTargetDown).
     """
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
-    config["global"].update(scrape_interval=INTERVAL, evaluation_interval=INTERVAL)
+    config["global"].update(scrape_interval=INTERVAL, evaluation_interval=INTERVAL, external_labels=external_labels)
     config["rule_files"] = [str(path) for path in rule_files]
     [alertmanagers] = config["alerting"]["alertmanagers"]
     alertmanagers["static_configs"] = [{"targets": [alertmanager_address]}]
-    [vigil] = [job for job in config["scrape_configs"] if job["job_name"] == "vigil"]
-    vigil = copy.deepcopy(vigil)
-    vigil.pop("dns_sd_configs", None)
-    vigil["static_configs"] = [{"targets": [server_address]}]
-    config["scrape_configs"] = [vigil]
+    jobs = {job["job_name"]: copy.deepcopy(job) for job in config["scrape_configs"]}
+    vigil = jobs["vigil"]
+    del vigil["dns_sd_configs"]
+    vigil["file_sd_configs"] = [{"files": [str(targets_file)], "refresh_interval": INTERVAL}]
+    addresses = {"prometheus": self_address, "alertmanager": alertmanager_address}
+    for name in MONITORING_JOBS:
+        jobs[name]["static_configs"] = [{"targets": [addresses[name]]}]
+    config["scrape_configs"] = [vigil, *(jobs[name] for name in MONITORING_JOBS)]
     return config
 
 
-def alertmanager_config(critical_url: str, warning_url: str) -> dict:
-    """alerts/alertmanager.yml with the critical receiver posting to ``critical_url``, the warning receiver to
-    ``warning_url``, and grouping delays of seconds. The routing tree and the inhibit rules are unchanged."""
+def write_targets(path: Path, addresses: list[str]) -> None:
+    """The `vigil` job's replicas, as a discovery file; an address left out vanishes as a gone container's does."""
+    path.write_text(json.dumps([{"targets": addresses}] if addresses else []))
+
+
+def alertmanager_config(inbox_url: str) -> dict:
+    """alerts/alertmanager.yml with every inbox webhook posting to ``inbox_url`` instead of the compose stack's
+    inbox, the templates found where they are, delays of seconds, and working hours all week."""
     config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    config["templates"] = [str(TEMPLATES / "*.tmpl")]
     for route in config["route"]["routes"]:
-        for key in FAST_GROUPING:
-            if key in route:
-                route[key] = FAST_GROUPING[key]
-    urls = {"critical": critical_url, "warning": warning_url}
-    receivers = {receiver["name"]: receiver for receiver in config["receivers"]}
-    if set(receivers) != set(urls):
-        raise ValueError(f"expected receivers {sorted(urls)}, found {sorted(receivers)}")
-    for name, receiver in receivers.items():
-        [webhook] = receiver["webhook_configs"]
-        webhook["url"] = urls[name]
+        route.update((key, value) for key, value in FAST_GROUPING.items() if key in route)
+        if route["receiver"] == "heartbeat":
+            route["repeat_interval"] = FAST_HEARTBEAT
+    for interval in config["time_intervals"]:
+        interval["time_intervals"] = [{}]
+    for receiver in config["receivers"]:
+        webhooks = receiver.get("webhook_configs", [])
+        if [hook for hook in webhooks if not hook["url"].startswith(INBOX_IN_COMPOSE)]:
+            raise ValueError(f"receiver {receiver['name']} posts somewhere other than the inbox")
+        for hook in webhooks:
+            hook["url"] = inbox_url + hook["url"].removeprefix(INBOX_IN_COMPOSE)
     return config
 
 
-# --- webhook receivers ---------------------------------------------------------------------------------------
+# --- the alert inbox ----------------------------------------------------------------------------------------
 
 
-class WebhookReceiver:
-    """An HTTP server on 127.0.0.1 that keeps every JSON body POSTed to it (Alertmanager's webhook payloads)."""
+class AlertInbox:
+    """deploy/alert_inbox.py's server on 127.0.0.1 in this process, read through its JSON API."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._payloads: list[dict] = []
-        self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+    def __init__(self, docs_dir: Path) -> None:
+        spec = importlib.util.spec_from_file_location("alert_inbox", ROOT / "deploy/alert_inbox.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        self._server = module.make_server("127.0.0.1", 0, docs_dir)
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/alerts"
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name=f"webhook-{name}", daemon=True
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="alert-inbox", daemon=True
         )
         self._thread.start()
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        receiver = self
+    def alerts(self, alertname: str | None = None, status: str | None = None, receiver: str | None = None) -> list:
+        """The notifications received, newest first, each with its payload's ``receiver``."""
+        wanted = {"alertname": alertname, "status": status, "receiver": receiver}
+        entries = httpx.get(f"{self.url}/api/alerts", timeout=10).json()
+        return [entry for entry in entries if all(v is None or entry[k] == v for k, v in wanted.items())]
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                length = int(self.headers.get("Content-Length") or 0)
-                if not 0 < length <= MAX_BODY_BYTES:
-                    self.send_error(400, "expected a JSON body")
-                    return
-                try:
-                    payload = json.loads(self.rfile.read(length))
-                except ValueError:
-                    self.send_error(400, "not JSON")
-                    return
-                with receiver._lock:
-                    receiver._payloads.append(payload)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler
-
-    def payloads(self) -> list[dict]:
-        with self._lock:
-            return copy.deepcopy(self._payloads)
-
-    def alerts(self, alertname: str | None = None, status: str | None = None) -> list[dict]:
-        """Every alert of every payload received, each with its payload's ``receiver`` added."""
-        found = []
-        for payload in self.payloads():
-            for alert in payload.get("alerts", []):
-                labels = alert.get("labels", {})
-                if alertname is not None and labels.get("alertname") != alertname:
-                    continue
-                if status is not None and alert.get("status") != status:
-                    continue
-                found.append({**alert, "receiver": payload.get("receiver")})
-        return found
+    def heartbeat(self) -> dict:
+        return httpx.get(f"{self.url}/api/heartbeat", timeout=10).json()
 
     def close(self) -> None:
         self._server.shutdown()
@@ -243,16 +229,16 @@ class Daemon:
 
 
 class Prometheus(Daemon):
-    def __init__(self, config: dict, workdir: Path) -> None:
+    def __init__(self, config: dict, workdir: Path, port: int) -> None:
         binary = require_binary("prometheus")
         config_path = workdir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        port = free_port()
         command = [
             binary,
             f"--config.file={config_path}",
             f"--storage.tsdb.path={workdir / 'prometheus-data'}",
             f"--web.listen-address=127.0.0.1:{port}",
+            f"--web.external-url=http://127.0.0.1:{port}",
             "--enable-feature=exemplar-storage",
             "--log.level=warn",
         ]

@@ -1,11 +1,13 @@
-"""The whole observability pipeline on 127.0.0.1: Vigil -> Prometheus -> Alertmanager -> webhook receivers.
+"""The whole observability pipeline on 127.0.0.1: Vigil -> Prometheus -> Alertmanager -> the alert inbox.
 
 Prometheus and Alertmanager run with the project's own deploy/prometheus.yml, alerts/rules/*.yml and
-alerts/alertmanager.yml, rewritten only in their addresses and intervals (see tests/ops_stack.py). Every
-dashboard query must return data after real traffic; a repetition loop provoked by real requests must reach
-the warning receiver alone; stopping the server must page the critical receiver.
+alerts/alertmanager.yml, rewritten only in their addresses and intervals (see tests/ops_stack.py); Prometheus
+also scrapes itself and Alertmanager. The idle server's tiles read "no traffic", never NaN or red; every
+dashboard query returns data after real traffic; the SLO rules see that traffic; the heartbeat keeps arriving;
+a repetition loop provoked by real requests reaches the warning receiver alone; stopping the server pages the
+critical receiver, and so does its target vanishing, as a stopped container's does.
 
-The tests run in file order and share one stack: the last one stops the server.
+The tests run in file order and share one stack: the last ones stop the server and take its target away.
 """
 
 import concurrent.futures
@@ -17,25 +19,43 @@ import httpx
 import pytest
 import yaml
 
+from server.bench.local_server import free_port
 from tests.api_server import APIServer
-from tests.dashboard_queries import alert_rules, dashboard_queries, metric_names
+from tests.dashboard_queries import (
+    MONITORING_METRICS,
+    ROOT,
+    alert_rules,
+    dashboard_queries,
+    load_dashboards,
+    metric_names,
+    panels,
+    rules,
+    stat_display,
+    substitute,
+)
 from tests.ops_stack import (
     ALERTMANAGER_CONFIG,
+    PROMETHEUS_CONFIG,
+    AlertInbox,
     Alertmanager,
     Prometheus,
-    WebhookReceiver,
     alertmanager_config,
     prometheus_config,
     rewrite_rules,
     wait_until,
+    write_targets,
 )
+
+pytestmark = [pytest.mark.e2e, pytest.mark.server]
 
 MODEL = "smollm"
 WARNING_ALERT = "VigilRepetitionLoops"
 CRITICAL_ALERT = "VigilServerDown"
+GONE_ALERTS = ("VigilAbsent", "VigilReplicaMissing")
 # Only the alerts this test exercises fire within seconds; every other rule keeps its `for:` of minutes, so
 # that nothing unrelated can fire during the test (a critical one would hold back the warning by inhibition).
-FAST_FOR = {WARNING_ALERT: "2s", CRITICAL_ALERT: "2s"}
+FAST_FOR = {WARNING_ALERT: "2s", CRITICAL_ALERT: "2s", **dict.fromkeys(GONE_ALERTS, "2s")}
+EXTERNAL_LABELS = {"grafana_url": "http://grafana.test:3000"}  # docs_url: the test inbox, which serves docs/
 SCRAPES_AFTER_TRAFFIC = 3
 NOTIFICATION_TIMEOUT_S = 60.0
 # Long enough for Alertmanager to send a misrouted copy too (its grouping delays are 1-2 s here).
@@ -73,11 +93,10 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def webhooks():
-    receivers = {"critical": WebhookReceiver("critical"), "warning": WebhookReceiver("warning")}
-    yield receivers
-    for receiver in receivers.values():
-        receiver.close()
+def inbox():
+    receiver = AlertInbox(ROOT / "docs")
+    yield receiver
+    receiver.close()
 
 
 @pytest.fixture(scope="module")
@@ -96,18 +115,30 @@ def instance(server):
 
 
 @pytest.fixture(scope="module")
-def alertmanager(webhooks, workdir):
-    daemon = Alertmanager(alertmanager_config(webhooks["critical"].url, webhooks["warning"].url), workdir)
+def alertmanager(inbox, workdir):
+    daemon = Alertmanager(alertmanager_config(inbox.url), workdir)
     yield daemon
     daemon.stop()
 
 
 @pytest.fixture(scope="module")
-def prometheus(server, instance, alertmanager, workdir):
+def targets(workdir, instance):
+    """The discovery file of the `vigil` job, listing the server."""
+    path = workdir / "vigil-targets.json"
+    write_targets(path, [instance])
+    return path
+
+
+@pytest.fixture(scope="module")
+def prometheus(server, instance, targets, alertmanager, inbox, workdir):
     rule_dir = workdir / "rules"
     rule_dir.mkdir()
-    config = prometheus_config(instance, f"127.0.0.1:{alertmanager.port}", rewrite_rules(rule_dir, FAST_FOR))
-    daemon = Prometheus(config, workdir)
+    port = free_port()
+    config = prometheus_config(
+        targets, f"127.0.0.1:{port}", f"127.0.0.1:{alertmanager.port}", rewrite_rules(rule_dir, FAST_FOR),
+        {**EXTERNAL_LABELS, "docs_url": f"{inbox.url}/docs"},
+    )  # fmt: skip
+    daemon = Prometheus(config, workdir, port)
     try:
         wait_until(
             lambda: scalar(daemon, f'up{{job="vigil", instance="{instance}"}}') == 1,
@@ -203,30 +234,39 @@ def traffic(server, prometheus, instance):
 
 
 def test_rewritten_configs_change_only_addresses_and_intervals(tmp_path):
-    original = {rule["alert"]: rule for _, rule in alert_rules()}
-    rewritten = {}
-    for path in rewrite_rules(tmp_path, FAST_FOR):
-        for group in yaml.safe_load(path.read_text())["groups"]:
-            rewritten.update((rule["alert"], rule) for rule in group["rules"])
-    assert set(rewritten) == set(original)
-    for name, rule in rewritten.items():
-        assert rule == {**original[name], **({"for": FAST_FOR[name]} if name in FAST_FOR else {})}, name
+    original = [rule for _, rule in rules()]
+    rewritten = [rule for path in rewrite_rules(tmp_path, FAST_FOR)
+                 for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]  # fmt: skip
+    assert len(rewritten) == len(original)
+    for ours, theirs in zip(rewritten, original, strict=True):
+        assert ours == {**theirs, **({"for": FAST_FOR[theirs["alert"]]} if theirs.get("alert") in FAST_FOR else {})}
 
-    prometheus = prometheus_config("127.0.0.1:1", "127.0.0.1:2", [tmp_path / "critical.yml"])
-    [job] = prometheus["scrape_configs"]
-    assert job["job_name"] == "vigil" and job["static_configs"] == [{"targets": ["127.0.0.1:1"]}]
-    assert "dns_sd_configs" not in job
+    targets = tmp_path / "targets.json"
+    labels = {"docs_url": "http://127.0.0.1:5/docs", "grafana_url": "http://127.0.0.1:6"}
+    prometheus = prometheus_config(targets, "127.0.0.1:1", "127.0.0.1:2", [tmp_path / "critical.yml"], labels)
+    project = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    assert set(jobs) == {"vigil", "prometheus", "alertmanager"}
+    [theirs] = [job for job in project["scrape_configs"] if job["job_name"] == "vigil"]
+    assert jobs["vigil"] == {**{k: v for k, v in theirs.items() if k != "dns_sd_configs"},
+                             "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}  # fmt: skip
+    assert jobs["prometheus"]["static_configs"] == [{"targets": ["127.0.0.1:1"]}]
+    assert jobs["alertmanager"]["static_configs"] == [{"targets": ["127.0.0.1:2"]}]
     assert prometheus["alerting"]["alertmanagers"][0]["static_configs"] == [{"targets": ["127.0.0.1:2"]}]
+    assert set(prometheus["global"]["external_labels"]) == set(project["global"]["external_labels"])
 
     project = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
-    test = alertmanager_config("http://127.0.0.1:3/alerts", "http://127.0.0.1:4/alerts")
+    test = alertmanager_config("http://127.0.0.1:3")
     assert test["inhibit_rules"] == project["inhibit_rules"]
     assert test["route"]["group_by"] == project["route"]["group_by"]
     for ours, theirs in zip(test["route"]["routes"], project["route"]["routes"], strict=True):
         assert (ours["receiver"], ours["matchers"]) == (theirs["receiver"], theirs["matchers"])
-        assert ours["repeat_interval"] == theirs["repeat_interval"]
+        assert ours.get("active_time_intervals") == theirs.get("active_time_intervals")
+        if ours["receiver"] != "heartbeat":
+            assert ours["repeat_interval"] == theirs["repeat_interval"]
     urls = {r["name"]: [w["url"] for w in r["webhook_configs"]] for r in test["receivers"]}
-    assert urls == {"critical": ["http://127.0.0.1:3/alerts"], "warning": ["http://127.0.0.1:4/alerts"]}
+    assert urls == {"critical": ["http://127.0.0.1:3/alerts"], "warning": ["http://127.0.0.1:3/alerts"],
+                    "heartbeat": ["http://127.0.0.1:3/heartbeat"]}  # fmt: skip
 
 
 # --- 2. dashboards -------------------------------------------------------------------------------------------
@@ -243,6 +283,24 @@ def test_dashboards_have_queries():
     assert len(queries) > 40
     assert any(is_gpu_query(expr) for _, _, expr in queries)
     assert not is_gpu_query('sum(vigil_gpu_count{instance=~"x"})')
+
+
+def test_idle_tiles_read_no_traffic_never_nan_or_red(prometheus, instance):
+    # Before any API request: the server is up and idle, as after a quiet night.
+    problems = []
+    for board in load_dashboards().values():
+        for panel in panels(board):
+            if panel["type"] != "stat":
+                continue
+            for target in panel["targets"]:
+                answer = prometheus.query(substitute(target["expr"], MODEL, instance))
+                assert answer["status"] == "success", answer
+                values = [float(series["value"][1]) for series in answer["data"]["result"]] or [None]
+                for value in values:
+                    text, colour = stat_display(panel, value)
+                    if text == "NaN" or colour == "red":
+                        problems.append(f"{board['title']} / {panel['title']}: {value} shows {text!r} in {colour}")
+    assert not problems, "\n".join(problems)
 
 
 def test_every_dashboard_panel_shows_data(prometheus, instance, traffic):
@@ -263,24 +321,57 @@ def test_every_dashboard_panel_shows_data(prometheus, instance, traffic):
     assert not problems, f"{len(problems)} of {len(queries)} dashboard queries show no data:\n" + "\n".join(problems)
 
 
-def test_every_alert_rule_is_loaded_and_evaluates(prometheus, traffic):
-    loaded = {rule["name"]: rule for rule in prometheus.rules() if rule["type"] == "alerting"}
-    expected = {rule["alert"]: rule for _, rule in alert_rules()}
-    assert set(loaded) == set(expected)
-    unhealthy = {name: rule.get("lastError") for name, rule in loaded.items() if rule["health"] != "ok"}
+def test_every_rule_is_loaded_and_evaluates(prometheus, traffic):
+    loaded = prometheus.rules()
+    assert sorted(rule["name"] for rule in loaded) == sorted(rule.get("alert") or rule["record"] for _, rule in rules())
+    unhealthy = {rule["name"]: rule.get("lastError") for rule in loaded if rule["health"] != "ok"}
     assert not unhealthy
+
+
+def test_the_monitoring_exports_what_its_alerts_read(prometheus):
+    missing = [name for name in sorted(MONITORING_METRICS) if not prometheus.query(name)["data"]["result"]]
+    assert not missing, f"Prometheus or Alertmanager {prometheus_version(prometheus)} does not export {missing}"
+
+
+def prometheus_version(prometheus: Prometheus) -> str:
+    return prometheus.get("/api/v1/status/buildinfo")["data"]["version"]
+
+
+def test_the_slo_rules_count_the_traffic(prometheus, traffic):
+    # The latency SLOs count good events in the bucket le="2.0": if the rules spelled it otherwise than the
+    # server writes it, the error ratio would have no value at all.
+    for slo in ("availability", "time_to_first_token", "inter_token_latency"):
+        assert scalar(prometheus, f'slo:events:rate5m{{slo="{slo}"}}') > 0, slo
+        ratio = scalar(prometheus, f'slo:error_ratio:rate5m{{slo="{slo}"}}')
+        assert ratio is not None and 0 <= ratio <= 1, slo
+    assert scalar(prometheus, 'slo:error_ratio:rate5m{slo="availability"}') == 0  # the 400 is no failure
+
+
+# --- 3. the heartbeat ------------------------------------------------------------------------------------------
+
+
+def test_the_heartbeat_keeps_arriving(prometheus, inbox):
+    first = wait_until(lambda: inbox.heartbeat()["last_received_at"] and inbox.heartbeat(), NOTIFICATION_TIMEOUT_S,
+                       what="the first heartbeat reaches the inbox")  # fmt: skip
+    later = wait_until(
+        lambda: (beat := inbox.heartbeat())["count"] >= first["count"] + 2 and beat,
+        NOTIFICATION_TIMEOUT_S,
+        what="two more heartbeats reach the inbox",
+    )
+    assert later["last_received_at"] >= first["last_received_at"]
+    assert inbox.alerts("VigilWatchdog") == [], "heartbeats go to the heartbeat receiver, not the alert list"
 
 
 # --- 4. a warning, while the server is up ---------------------------------------------------------------------
 
 
-def test_repetition_loops_page_the_warning_receiver_only(server, prometheus, alertmanager, webhooks, instance):
+def test_repetition_loops_page_the_warning_receiver_only(server, prometheus, alertmanager, inbox, instance):
     [rule] = [rule for _, rule in alert_rules() if rule["alert"] == WARNING_ALERT]
     assert rule["labels"]["severity"] == "warning"
     before = prometheus.query(rule["expr"])
     assert before["status"] == "success", before
     assert before["data"]["result"] == [], "the warning condition held before any looping request"
-    assert not webhooks["warning"].alerts(WARNING_ALERT)
+    assert not inbox.alerts(WARNING_ALERT)
 
     for _ in range(LOOPING_REQUESTS):
         [choice] = complete(server, LOOPING_REQUEST)["choices"]
@@ -288,7 +379,7 @@ def test_repetition_loops_page_the_warning_receiver_only(server, prometheus, ale
 
     try:
         [alert, *_] = wait_until(
-            lambda: webhooks["warning"].alerts(WARNING_ALERT, "firing"),
+            lambda: inbox.alerts(WARNING_ALERT, "firing"),
             NOTIFICATION_TIMEOUT_S,
             what=f"{WARNING_ALERT} reaches the warning receiver",
         )
@@ -300,38 +391,68 @@ def test_repetition_loops_page_the_warning_receiver_only(server, prometheus, ale
     assert alert["labels"]["severity"] == "warning"
     assert alert["labels"]["instance"] == instance
     assert alert["labels"]["model"] == MODEL
-    assert {"summary", "description", "runbook_url"} <= set(alert["annotations"])
+    assert {"summary", "description", "value", "runbook_url", "dashboard_url"} <= set(alert["annotations"])
     assert "repeats itself" in alert["annotations"]["summary"]
+    dashboard = f"{EXTERNAL_LABELS['grafana_url']}/d/vigil-model?var-instance={instance}"
+    assert alert["annotations"]["dashboard_url"] == dashboard
 
     time.sleep(MISROUTE_GRACE_S)
-    assert webhooks["critical"].alerts(WARNING_ALERT) == []
-    # Nothing critical has fired at all: a critical alert for this instance would hold back every warning.
-    assert webhooks["critical"].payloads() == []
+    assert inbox.alerts(WARNING_ALERT, receiver="critical") == []
+    # Nothing critical has fired for this instance: it would hold back every warning of the instance.
+    assert [a for a in inbox.alerts(receiver="critical") if a["labels"].get("instance") == instance] == []
 
 
-# --- 3. the server goes down ----------------------------------------------------------------------------------
+# --- 5. the server goes down, then its target vanishes ----------------------------------------------------
 
 
-def test_server_down_pages_the_critical_receiver(server, prometheus, alertmanager, webhooks, instance):
-    assert not webhooks["critical"].alerts(CRITICAL_ALERT)
-    server.stop()
-    assert server.process.returncode is not None
-
+def await_page(inbox: AlertInbox, alertname: str, prometheus: Prometheus, alertmanager: Alertmanager) -> dict:
     try:
         [alert, *_] = wait_until(
-            lambda: webhooks["critical"].alerts(CRITICAL_ALERT, "firing"),
+            lambda: inbox.alerts(alertname, "firing", receiver="critical"),
             NOTIFICATION_TIMEOUT_S,
-            what=f"{CRITICAL_ALERT} reaches the critical receiver",
+            what=f"{alertname} reaches the critical receiver",
         )
     except TimeoutError as error:
         raise AssertionError(
             f"{error}\nPrometheus alerts: {prometheus.alerts()}\n{stack_logs(prometheus, alertmanager)}"
         ) from None
-    assert alert["receiver"] == "critical"
+    return alert
+
+
+def test_server_down_pages_the_critical_receiver(server, prometheus, alertmanager, inbox, instance):
+    assert not inbox.alerts(CRITICAL_ALERT)
+    server.stop()
+    assert server.process.returncode is not None
+
+    alert = await_page(inbox, CRITICAL_ALERT, prometheus, alertmanager)
     assert alert["labels"]["severity"] == "critical"
     assert alert["labels"]["instance"] == instance
     assert alert["labels"]["job"] == "vigil"
-    assert {"summary", "description", "runbook_url"} <= set(alert["annotations"])
+    assert {"summary", "description", "value", "runbook_url", "dashboard_url"} <= set(alert["annotations"])
+    # The runbook link is absolute, and opens the alert's own section.
+    runbook = alert["annotations"]["runbook_url"]
+    assert runbook == f"{inbox.url}/docs/runbook.md#{CRITICAL_ALERT.lower()}"
+    page = httpx.get(runbook.split("#")[0], timeout=10)
+    assert page.status_code == 200 and f"id='{CRITICAL_ALERT.lower()}'" in page.text
 
     time.sleep(MISROUTE_GRACE_S)
-    assert webhooks["warning"].alerts(CRITICAL_ALERT) == []
+    assert inbox.alerts(CRITICAL_ALERT, receiver="warning") == []
+
+
+def test_a_vanished_replica_pages_once_as_vigil_absent(server, prometheus, alertmanager, inbox, instance, targets):
+    # A stopped container's DNS name no longer resolves, so Prometheus drops its target: no up == 0 is left.
+    write_targets(targets, [])
+    wait_until(lambda: not prometheus.query('up{job="vigil"}')["data"]["result"], 30,
+               what="Prometheus drops the vanished target")  # fmt: skip
+
+    alert = await_page(inbox, "VigilAbsent", prometheus, alertmanager)
+    assert alert["labels"]["job"] == "vigil" and "instance" not in alert["labels"]
+    # VigilReplicaMissing fires for the replica too, but Alertmanager holds it back while VigilAbsent fires.
+    wait_until(
+        lambda: any(a["labels"]["alertname"] == "VigilReplicaMissing" and a["state"] == "firing"
+                    and a["labels"]["instance"] == instance for a in prometheus.alerts()),
+        NOTIFICATION_TIMEOUT_S,
+        what="VigilReplicaMissing fires in Prometheus",
+    )  # fmt: skip
+    time.sleep(MISROUTE_GRACE_S)
+    assert inbox.alerts("VigilReplicaMissing", "firing") == []
