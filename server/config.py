@@ -51,6 +51,30 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive")
 
 
+@dataclass(frozen=True)
+class JWTConfig:
+    """Accept JWTs signed by the keys of ``jwks`` (a file path or an http(s) URL), read again every
+    ``refresh_s`` seconds; the claim ``tenant_claim`` names the caller's tenant."""
+
+    jwks: str
+    issuer: str | None = None
+    audience: str | None = None
+    tenant_claim: str = "sub"
+    leeway_s: float = 30.0
+    refresh_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """HTTPS, as uvicorn and vLLM name its settings; ``cert_reqs`` is ssl.CERT_NONE (0), CERT_OPTIONAL (1) or
+    CERT_REQUIRED (2) for client certificates signed by ``ca_certs``."""
+
+    keyfile: str
+    certfile: str
+    ca_certs: str | None = None
+    cert_reqs: int = 0
+
+
 @dataclass
 class ServerConfig:
     """The HTTP server's settings; the engine's are in EngineConfig."""
@@ -59,11 +83,17 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
+    jwt: JWTConfig | None = None
     metrics_require_api_key: bool = False
+    # With authentication on, requests share prefix-cache blocks only within their tenant unless this is set.
+    share_prefix_cache_across_tenants: bool = False
     rate_limit_rpm: int | None = None
     rate_limit_tpm: int | None = None
     max_request_bytes: int = 4 * 2**20
     max_header_bytes: int = 16 * 2**10
+    header_timeout: float = 10.0
+    max_connections: int = 1024
+    tls: TLSConfig | None = None
     shutdown_timeout: float = 30.0
 
     def __post_init__(self) -> None:
@@ -80,5 +110,11 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive")
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown_timeout must not be negative")
+        if self.header_timeout <= 0 or self.max_connections < 1:
+            raise ValueError("header_timeout and max_connections must be positive")
+        if self.tls is not None and self.tls.cert_reqs not in (0, 1, 2):
+            raise ValueError("ssl_cert_reqs must be 0 (none), 1 (optional) or 2 (required)")
+        if self.tls is not None and self.tls.cert_reqs and not self.tls.ca_certs:
+            raise ValueError("client certificates (--ssl-cert-reqs) need --ssl-ca-certs")
         if any(not key or not key.isascii() or not key.isprintable() for key in self.api_keys):
             raise ValueError("API keys must be non-empty printable ASCII")

@@ -1,6 +1,8 @@
 """Pure ASGI middleware counting HTTP responses by route template and code, and failures by reason."""
 
 import json
+import re
+from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,11 +30,14 @@ def error_reason(status: int, code: str | None) -> str | None:
 
 
 class HttpMetricsMiddleware:
-    """Outermost middleware: sees every response, including those that inner middleware answer alone."""
+    """Outermost middleware: sees every response, including those that inner middleware answer alone (a 401, a
+    413) before any routing. So the route label comes from matching the path against ``routes``, (template,
+    compiled pattern) pairs; unknown paths are ``other``, which keeps the label set closed."""
 
-    def __init__(self, app: ASGIApp, metrics: VigilMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: VigilMetrics, routes: Sequence[tuple[str, re.Pattern]]) -> None:
         self.app = app
         self.metrics = metrics
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,8 +60,7 @@ class HttpMetricsMiddleware:
             self._record(scope, status, error_body)
 
     def _record(self, scope: Scope, status: int, error_body: bytes) -> None:
-        route = scope.get("route")
-        template = getattr(route, "path", None) or "other"
+        template = next((template for template, pattern in self.routes if pattern.match(scope["path"])), "other")
         # No response started: the client went away first (nginx's 499).
         status = status or CLIENT_CLOSED_REQUEST
         self.metrics.http_requests.labels(template, str(status)).inc()

@@ -79,6 +79,7 @@ class RequestTracer:
         params: SamplingParams,
         max_tokens: int,
         headers: Mapping[str, str],
+        tenant: str | None = None,
     ) -> str:
         """Open the span (a child of the caller's ``traceparent``, if any); returns its trace id in hex."""
         span = self._tracer.start_span(
@@ -98,6 +99,8 @@ class RequestTracer:
             attributes["gen_ai.request.seed"] = params.seed
         if len(request_ids) > 1:
             attributes["gen_ai.request.choice.count"] = len(request_ids)
+        if tenant is not None:
+            attributes["vigil.tenant"] = tenant
         span.set_attributes(attributes)
         state = _SpanState(span, pending_choices=len(request_ids))
         with self._lock:

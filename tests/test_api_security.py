@@ -1,11 +1,16 @@
-"""API keys, per-key rate limits and the body limit: the pieces alone, then on a real server."""
+"""API keys, per-tenant rate limits and the body limit: the pieces alone, then on a real server."""
+
+import asyncio
 
 import httpx
 import openai
 import pytest
 
+from server.api.auth.api_keys import APIKeys
+from server.api.auth.authenticator import Authenticator
+from server.api.auth.caller import ANONYMOUS
 from server.api.errors import APIError
-from server.api.security import ANONYMOUS, APIKeys, RateLimiter
+from server.api.rate_limits import RateLimiter
 from tests.api_server import APIServer
 
 MODEL = "smollm"
@@ -27,13 +32,22 @@ class FakeClock:
 
 
 def test_keys_are_checked_by_digest_and_identify_the_caller():
-    keys = APIKeys(["alpha", "beta"])
-    assert keys.identify("Bearer alpha") != keys.identify("bearer beta")
-    for header in (None, "", "Bearer", "Bearer gamma", "Basic alpha", "alpha", "Bearer alph", "Bearer \xe9\xff"):
+    authenticator = Authenticator(APIKeys(["alpha", "beta"]))
+
+    def identify(*headers: str):
+        return asyncio.run(authenticator.identify(list(headers)))
+
+    alpha, beta = identify("Bearer alpha"), identify("bearer beta")
+    assert alpha != beta and "alpha" not in alpha.tenant
+    for headers in ((), ("",), ("Bearer",), ("Bearer gamma",), ("Basic alpha",), ("alpha",), ("Bearer alph",),
+                    ("Bearer \xe9\xff",), ("Bearer a.b.c",)):
         with pytest.raises(APIError) as refused:
-            keys.identify(header)
-        assert refused.value.status == 401
-    assert APIKeys([]).identify(None) == ANONYMOUS
+            identify(*headers)
+        assert refused.value.status == 401, headers
+    with pytest.raises(APIError) as twice:
+        identify("Bearer alpha", "Bearer alpha")
+    assert twice.value.status == 400 and twice.value.code == "duplicate_authorization"
+    assert asyncio.run(Authenticator(APIKeys([])).identify([])) == ANONYMOUS
 
 
 def test_requests_per_minute_refill_over_time_and_say_when_to_retry():
@@ -62,8 +76,10 @@ def test_tokens_per_minute_reserve_at_admission_and_refund_what_was_not_used():
         limiter.reserve_tokens("a", 10)
     assert limited.value.headers["Retry-After"] == "3"  # 90 - 85 = 5 left, 5 short, at 100/60 tokens a second
     second.settle(used=85)
-    with pytest.raises(APIError, match="more than the limit"):
+    with pytest.raises(APIError, match="more than the limit") as never:
         limiter.reserve_tokens("b", 101)
+    # No minute could ever hold it: a 400 naming the limit, with no Retry-After that could not come true.
+    assert never.value.status == 400 and "Retry-After" not in never.value.headers
 
 
 # --- on a real server -------------------------------------------------------------------------------------
@@ -156,7 +172,8 @@ def test_tokens_per_minute_reserve_prompt_plus_max_tokens_and_refund_the_rest(se
     over = call(max_tokens=90)
     assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
     too_big = call(max_tokens=200)
-    assert too_big.status_code == 429 and "more than the limit" in too_big.json()["error"]["message"]
+    assert too_big.status_code == 400 and "more than the limit" in too_big.json()["error"]["message"]
+    assert "retry-after" not in too_big.headers
 
 
 @pytest.mark.server
@@ -165,3 +182,4 @@ def test_the_body_limit_flag_gives_413(server):
     response = httpx.post(f"{server.base_url}/v1/completions", json=body, headers=bearer(KEY_FILE), timeout=30)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+    assert response.headers["connection"] == "close"

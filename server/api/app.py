@@ -3,12 +3,16 @@
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from server.api import chat, completions, health, models
-from server.api.auth import require_api_key
+from server.api.auth.api_keys import APIKeys
+from server.api.auth.authenticator import Authenticator
+from server.api.auth.jwt_verifier import JWTVerifier
+from server.api.auth.middleware import AuthMiddleware
 from server.api.errors import install_error_handlers
 from server.api.lifecycle import Lifecycle
 from server.api.middleware import (
@@ -17,8 +21,8 @@ from server.api.middleware import (
     RequestIdMiddleware,
     RequestLimitsMiddleware,
 )
+from server.api.rate_limits import RateLimiter
 from server.api.readiness import ReadinessProbe, keep_reporting
-from server.api.security import APIKeys, RateLimiter
 from server.api.state import ServerState
 from server.config import ServerConfig
 from server.engine.async_engine import AsyncEngine
@@ -26,13 +30,24 @@ from telemetry.http_metrics import HttpMetricsMiddleware
 from telemetry.service import Telemetry
 
 ENGINE_JOIN_TIMEOUT_S = 10.0
+# Templates and tokenizing run here, off the event loop; a few threads, so that one long prompt holds one.
+TOKENIZER_THREADS = 4
 
-_openapi = APIRouter(include_in_schema=False, dependencies=[Depends(require_api_key)])
+_openapi = APIRouter(include_in_schema=False)
 
 
 @_openapi.get("/openapi.json")
 async def openapi_schema(request: Request) -> JSONResponse:
     return JSONResponse(request.app.openapi())
+
+
+def authenticator_for(config: ServerConfig) -> Authenticator:
+    """API keys, and JWTs where a JWKS is configured (read now: a JWKS that cannot be read stops start-up)."""
+    verifier = None
+    if config.jwt is not None:
+        verifier = JWTVerifier(config.jwt)
+        verifier.keys.load()
+    return Authenticator(APIKeys(config.api_keys), verifier)
 
 
 def create_app(
@@ -44,6 +59,8 @@ def create_app(
     """The engine's loop thread starts with the app and stops with it."""
     lifecycle = lifecycle or Lifecycle()
     readiness = ReadinessProbe(engine, lifecycle, telemetry.report_status if telemetry is not None else None)
+    authenticator = authenticator_for(config)
+    tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="vigil-tokenizer")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,12 +78,13 @@ def create_app(
                 telemetry.shutdown()
             engine.stop()
             await asyncio.to_thread(engine.join, ENGINE_JOIN_TIMEOUT_S)
+            tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(
         title="Vigil",
         summary="OpenAI-compatible LLM inference server",
         lifespan=lifespan,
-        openapi_url=None,  # served by _openapi instead, behind the API key
+        openapi_url=None,  # served by _openapi instead, behind authentication
         docs_url=None,
         redoc_url=None,
     )
@@ -74,21 +92,26 @@ def create_app(
         engine=engine,
         config=config,
         lifecycle=lifecycle,
-        api_keys=APIKeys(config.api_keys),
         limiter=RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm),
         readiness=readiness,
         metrics_exposition=telemetry.exposition if telemetry is not None else health.default_metrics_exposition,
+        tokenizer_pool=tokenizer_pool,
+        authenticated=authenticator.enabled,
         telemetry=telemetry,
     )
     install_error_handlers(app)
-    for router in (completions.router, chat.router, models.router, health.probes, health.guarded, _openapi):
+    routers = (completions.router, chat.router, models.router, health.probes, health.guarded, _openapi)
+    for router in routers:
         app.include_router(router)
     # add_middleware puts each new one outermost: this reads innermost first.
     app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, engine=engine, exempt_paths=health.PROBE_PATHS)
+    open_paths = health.UNAUTHENTICATED_PATHS | ({"/metrics"} if not config.metrics_require_api_key else set())
+    app.add_middleware(AuthMiddleware, authenticator=authenticator, open_paths=open_paths)
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=config.max_request_bytes,
                        max_header_bytes=config.max_header_bytes)
     app.add_middleware(ErrorBoundaryMiddleware)
     app.add_middleware(RequestIdMiddleware)
     if telemetry is not None:
-        app.add_middleware(HttpMetricsMiddleware, metrics=telemetry.metrics)
+        routes = [(route.path, route.path_regex) for router in routers for route in router.routes]
+        app.add_middleware(HttpMetricsMiddleware, metrics=telemetry.metrics, routes=routes)
     return app

@@ -1,6 +1,5 @@
 """POST /v1/chat/completions: messages through the model's chat template, then generation."""
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -9,7 +8,17 @@ from fastapi import APIRouter, Request
 
 from server.api.auth import RateLimitedCaller
 from server.api.errors import invalid_request
-from server.api.generation import GenerationRun, admit, check_model, fan_out, new_id, reject_unsupported, respond
+from server.api.generation import (
+    GenerationRun,
+    admit,
+    cache_salt_for,
+    check_model,
+    fan_out,
+    in_tokenizer_pool,
+    new_id,
+    reject_unsupported,
+    respond,
+)
 from server.api.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -37,10 +46,11 @@ async def create_chat_completion(
     check_model(state, body.model)
     reject_unsupported(body.unsupported_field())
     engine = state.engine
-    prompt = await asyncio.to_thread(_render, engine.tokenizer, [m.as_template_input() for m in body.messages])
-    generation = await asyncio.to_thread(
-        fan_out, engine, new_id("chatcmpl"), [prompt], body.sampling_params(body.output_limit), body.num_choices,
-        lambda text: engine.tokenizer.encode(text, add_special_tokens=False),
+    prompt = await in_tokenizer_pool(state, _render, engine.tokenizer, [m.as_template_input() for m in body.messages])
+    generation = await in_tokenizer_pool(
+        state, fan_out, engine, new_id("chatcmpl"), [prompt], body.sampling_params(body.output_limit),
+        body.num_choices, lambda text: engine.tokenizer.encode(text, add_special_tokens=False),
+        cache_salt_for(state, caller, body.cache_salt),
     )
     run = await admit(state, caller, generation, "chat", request.headers)
     model = state.config.served_model_name

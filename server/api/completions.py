@@ -1,13 +1,22 @@
 """POST /v1/completions: a prompt (text, texts, token ids, or lists of token ids) in, completions out."""
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
 from server.api.auth import RateLimitedCaller
-from server.api.generation import GenerationRun, admit, check_model, fan_out, new_id, reject_unsupported, respond
+from server.api.generation import (
+    GenerationRun,
+    admit,
+    cache_salt_for,
+    check_model,
+    fan_out,
+    in_tokenizer_pool,
+    new_id,
+    reject_unsupported,
+    respond,
+)
 from server.api.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from server.api.responses import ERROR_RESPONSES, STREAM_RESPONSE
 from server.api.sse import event
@@ -23,8 +32,9 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
     reject_unsupported(body.unsupported_field())
     params = body.sampling_params(body.max_tokens)
     engine = state.engine
-    generation = await asyncio.to_thread(
-        fan_out, engine, new_id("cmpl"), body.prompts(), params, body.num_choices, engine.tokenizer.encode
+    generation = await in_tokenizer_pool(
+        state, fan_out, engine, new_id("cmpl"), body.prompts(), params, body.num_choices, engine.tokenizer.encode,
+        cache_salt_for(state, caller, body.cache_salt),
     )
     run = await admit(state, caller, generation, "text_completion", request.headers)
     model = state.config.served_model_name

@@ -3,6 +3,8 @@
 import json
 import logging
 import math
+import re
+from collections.abc import Iterable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,6 +39,7 @@ class APIError(Exception):
         code: str | None = None,
         param: str | None = None,
         retry_after: float | None = None,
+        close_connection: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -44,6 +47,7 @@ class APIError(Exception):
         self.code = code
         self.param = param
         self.retry_after = retry_after
+        self.close_connection = close_connection
 
     @property
     def type(self) -> str:
@@ -51,9 +55,12 @@ class APIError(Exception):
 
     @property
     def headers(self) -> dict[str, str]:
-        if self.retry_after is None:
-            return {}
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+        headers = {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        if self.close_connection:
+            headers["Connection"] = "close"
+        return headers
 
     def body(self) -> bytes:
         # ASCII-escaped, so that text echoed from a request (even a lone surrogate) always encodes.
@@ -114,18 +121,59 @@ async def _invalid_request(request: Request, error: InvalidRequestError) -> Resp
 
 
 async def _validation_error(request: Request, error: RequestValidationError) -> Response:
-    """Wrong types and out-of-range values are the client's fault: 400, naming the first bad field."""
-    first = error.errors()[0] if error.errors() else {}
-    location = [str(part) for part in first.get("loc", ()) if _names_a_place(part)]
-    if location[:1] == ["body"]:
-        location = location[1:]
+    """Wrong types and out-of-range values are the client's fault: 400, naming the first bad field.
+
+    A field that takes several shapes (a string or a list of them, say) fails once per shape: the message is the
+    failure of the shape the value had (a list too long), or, when it had none of them, the shapes it may take.
+    """
+    errors = error.errors()
+    first = errors[0] if errors else {}
+    location = _place(first)
     param = location[0] if location and not location[0].isdigit() else None
-    message = first.get("msg", "invalid request").removeprefix("Value error, ")
+    message = first.get("msg", "invalid request").removeprefix("Value error, ").replace(" after validation", "")
     if first.get("type") == "json_invalid":
         message = f"the body is not valid JSON: {first.get('ctx', {}).get('error', message)}"
     elif location:
+        shapes = [e for e in errors if _place(e)[:1] == location[:1] and _shape(e) is not None]
+        if len(shapes) > 1:
+            fitting = [e for e in shapes if not e["type"].endswith("_type")]
+            if fitting:
+                location = _place(fitting[0])
+                message = fitting[0]["msg"].removeprefix("Value error, ").replace(" after validation", "")
+            else:
+                location = location[:1]
+                message = "expected " + _either(dict.fromkeys(_describe(_shape(e)) for e in shapes))
         message = f"{'.'.join(location)}: {message}"
     return invalid_request(message, param=param).response()
+
+
+def _place(error: dict) -> list[str]:
+    location = [str(part) for part in error.get("loc", ()) if _names_a_place(part)]
+    return location[1:] if location[:1] == ["body"] else location
+
+
+def _shape(error: dict) -> str | None:
+    """The union member a failure belongs to, as pydantic tags it (``list[int]``), if it belongs to one."""
+    return next((str(part) for part in error.get("loc", ()) if "[" in str(part) or str(part) in _UNION_MEMBER_TAGS),
+                None)
+
+
+_NOUNS = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object"}
+
+
+def _describe(shape: str) -> str:
+    """``list[list[int]]`` (with pydantic's validator wrappers) as "a list of lists of integers"."""
+    base = re.search(r"(str|int|float|bool|dict)\]*$", shape)
+    noun = _NOUNS.get(base.group(1) if base else "", "value")
+    depth = shape.count("list[")
+    if depth == 0:
+        return ("an " if noun[0] in "aeiou" else "a ") + noun
+    return "a list of " + "lists of " * (depth - 1) + noun + "s"
+
+
+def _either(options: Iterable[str]) -> str:
+    options = list(options)
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
 
 
 # Pydantic names the union member or validator that failed inside a location; a client wants only the field.

@@ -5,15 +5,17 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 from starlette.types import Receive
 
+from server.api.auth.caller import Caller
 from server.api.errors import APIError, draining, engine_failed, invalid_request, unavailable
 from server.api.protocol import MAX_CHOICES, Usage
-from server.api.security import TokenReservation
+from server.api.rate_limits import TokenReservation
 from server.api.sse import DONE, EventStreamResponse, error_event
 from server.api.state import ServerState
 from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError, OutputStream
@@ -22,6 +24,7 @@ from server.http_status import CLIENT_CLOSED_REQUEST
 from telemetry.service import Telemetry
 
 QUEUE_FULL_RETRY_AFTER_S = 1.0
+T = TypeVar("T")
 
 
 def new_id(prefix: str) -> str:
@@ -53,6 +56,18 @@ class Generation:
         return self.num_prompt_tokens + sum(r.max_tokens for r in self.requests)
 
 
+def cache_salt_for(state: ServerState, caller: Caller, requested: str | None) -> str:
+    """The prefix-cache salt of a caller's request: its tenant's (whenever authentication is on, unless sharing
+    across tenants is allowed), then the request's own ``cache_salt``."""
+    isolated = state.authenticated and not state.config.share_prefix_cache_across_tenants
+    return f"{caller.tenant if isolated else ''}\0{requested or ''}"
+
+
+async def in_tokenizer_pool(state: ServerState, function: Callable[..., T], *args: object) -> T:
+    """Run blocking text work (templates, tokenizing) in the server's bounded pool, off the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(state.tokenizer_pool, function, *args)
+
+
 def fan_out(
     engine: AsyncEngine,
     generation_id: str,
@@ -60,6 +75,7 @@ def fan_out(
     params: SamplingParams,
     n: int,
     encode: Callable[[str], list[int]],
+    cache_salt: str = "",
 ) -> Generation:
     """Tokenize and validate (raises InvalidRequestError). Blocking: run it off the event loop."""
     if not prompts:
@@ -73,7 +89,7 @@ def fan_out(
         for choice in range(n):
             seeded = params if params.seed is None else replace(params, seed=params.seed + choice)
             request_id = f"{generation_id}-{prompt_index * n + choice}"
-            requests.append(engine.make_request(request_id, token_ids, seeded))
+            requests.append(engine.make_request(request_id, token_ids, seeded, cache_salt=cache_salt))
         num_prompt_tokens += len(token_ids)
     choice_of = {request.request_id: index for index, request in enumerate(requests)}
     return Generation(generation_id, requests, num_prompt_tokens, choice_of)
@@ -172,17 +188,17 @@ class GenerationRun:
 
 
 async def admit(
-    state: ServerState, caller: str, generation: Generation, operation: str, headers: Mapping[str, str]
+    state: ServerState, caller: Caller, generation: Generation, operation: str, headers: Mapping[str, str]
 ) -> GenerationRun:
     """Reserve tokens and hand the requests to the engine. ``operation`` (``text_completion`` or ``chat``)
     and the request headers (for ``traceparent``) name the request's trace span."""
-    reservation = state.limiter.reserve_tokens(caller, generation.token_budget)
+    reservation = state.limiter.reserve_tokens(caller.tenant, generation.token_budget)
     tracer = state.telemetry.tracer if state.telemetry is not None else None
     request_ids = [r.request_id for r in generation.requests]
     if tracer is not None:
         first = generation.requests[0]
         tracer.start(request_ids, operation, state.config.served_model_name, first.sampling_params,
-                     first.max_tokens, headers)
+                     first.max_tokens, headers, caller.tenant)
     try:
         stream = await state.engine.add(generation.requests)
     except BaseException as error:

@@ -2,15 +2,16 @@
 (readiness, behind the API key when keys are set), and /metrics (Prometheus exposition)."""
 
 import prometheus_client
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from server.api.auth import require_api_key, require_metrics_key
 from server.api.errors import LOADING, SHUTTING_DOWN, APIError, unavailable
 from server.api.protocol import ErrorResponse, HealthStatus
 from server.api.state import ServerState, State
 
 PROBE_PATHS = frozenset({"/livez", "/readyz", "/health", "/metrics"})
+# Orchestrators probe these without credentials; /metrics joins them unless --metrics-require-api-key.
+UNAUTHENTICATED_PATHS = frozenset({"/livez", "/readyz"})
 _PROBE_RESPONSES = {503: {"model": ErrorResponse, "description": "not alive or not ready"}}
 _MESSAGES = {
     "engine_dead": "the engine loop has failed",
@@ -49,14 +50,12 @@ async def readyz(state: State) -> HealthStatus:
     return await _readiness(state)
 
 
-@guarded.get("/health", response_model=HealthStatus, dependencies=[Depends(require_api_key)],
-             responses=_PROBE_RESPONSES)
+@guarded.get("/health", response_model=HealthStatus, responses=_PROBE_RESPONSES)
 async def health(state: State) -> HealthStatus:
     return await _readiness(state)
 
 
-@guarded.get("/metrics", dependencies=[Depends(require_metrics_key)],
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+@guarded.get("/metrics", responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(request: Request, state: State) -> Response:
     body, content_type = state.metrics_exposition(request.headers.get("accept"))
     return Response(body, headers={"Content-Type": content_type})

@@ -1,6 +1,6 @@
 """Pure ASGI middleware (never BaseHTTPMiddleware, which breaks client-disconnect detection).
 
-Order, outermost first: request id, error boundary, size limits, drain.
+Order, outermost first: request id, error boundary, size limits, authentication (server/api/auth), admission.
 """
 
 import logging
@@ -84,7 +84,9 @@ class ErrorBoundaryMiddleware:
 
 
 class RequestLimitsMiddleware:
-    """431 for oversized headers; 413 for a body over the limit, declared or streamed."""
+    """431 for oversized headers; 413 for a body over the limit, declared or streamed, and 400 for a body framed
+    two ways (Content-Length and Transfer-Encoding: a proxy and this server could split such a stream into
+    different requests). 413 and 400 close the connection, so that no unread body is taken for a request."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int) -> None:
         self.app = app
@@ -99,6 +101,11 @@ class RequestLimitsMiddleware:
             await send_error(send, APIError(431, f"request headers exceed {self.max_header_bytes} bytes",
                                             code="headers_too_large"))
             return
+        names = [name for name, _ in scope["headers"]]
+        if b"content-length" in names and b"transfer-encoding" in names:
+            await send_error(send, APIError(400, "send Content-Length or Transfer-Encoding, not both",
+                                            code="ambiguous_body_length", close_connection=True))
+            return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
             await send_error(send, self._too_large())
@@ -107,7 +114,8 @@ class RequestLimitsMiddleware:
         await self.app(scope, body.receive, body.send)
 
     def _too_large(self) -> APIError:
-        return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
+        return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes", code="request_too_large",
+                        close_connection=True)
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -1,14 +1,13 @@
 """GET /v1/models: the one model this server serves."""
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
-from server.api.auth import require_api_key
 from server.api.errors import APIError
 from server.api.protocol import ModelCard, ModelList
 from server.api.responses import ERROR_RESPONSES
 from server.api.state import ServerState, State
 
-router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 
 
 def _card(state: ServerState) -> ModelCard:

@@ -18,6 +18,7 @@ MAX_PROMPTS = 64
 MAX_CHOICES = 64
 MAX_STOP_LENGTH = 256
 MAX_MESSAGES = 1024
+MAX_CACHE_SALT_LENGTH = 256
 
 
 def _encodable(value: str) -> str:
@@ -64,6 +65,7 @@ class SamplingRequest(RequestModel):
     user: Text | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    cache_salt: Annotated[Text, Field(max_length=MAX_CACHE_SALT_LENGTH)] | None = None
 
     @property
     def num_choices(self) -> int:

@@ -2,14 +2,15 @@
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from server.api.lifecycle import Lifecycle
+from server.api.rate_limits import RateLimiter
 from server.api.readiness import ReadinessProbe
-from server.api.security import APIKeys, RateLimiter
 from server.config import ServerConfig
 from server.engine.async_engine import AsyncEngine
 from telemetry.service import Telemetry
@@ -23,10 +24,11 @@ class ServerState:
     engine: AsyncEngine
     config: ServerConfig
     lifecycle: Lifecycle
-    api_keys: APIKeys
     limiter: RateLimiter
     readiness: ReadinessProbe
     metrics_exposition: MetricsExposition
+    tokenizer_pool: ThreadPoolExecutor
+    authenticated: bool = False
     telemetry: "Telemetry | None" = None
     started_at: int = field(default_factory=lambda: int(time.time()))
 

@@ -140,9 +140,15 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self._built().max_model_len
 
-    def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> Request:
+    def make_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str = ""
+    ) -> Request:
         """Validate and tokenize (raises InvalidRequestError). Thread-safe: call it off the event loop."""
-        return self._built().make_request(request_id, prompt, params)
+        return self._built().make_request(request_id, prompt, params, cache_salt=cache_salt)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self._built().max_prompt_chars
 
     def _built(self) -> LLMEngine:
         if self._engine is None:

@@ -5,16 +5,23 @@ and for room, and reads block ids back; it never sees the pool's bookkeeping, an
 a request's fields.
 """
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from server.engine.request import Request
 
+BlockHash = bytes
 
-def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
-    """A full block's identity: its own tokens chained to everything before it."""
-    return hash((parent_hash, tuple(token_ids)))
+
+def hash_block(parent_hash: BlockHash | None, token_ids: Sequence[int], salt: str = "") -> BlockHash:
+    """A full block's identity: SHA-256 of its own tokens chained to everything before it. The first block of a
+    chain carries the salt, so that chains with different salts never meet (vLLM's ``cache_salt``)."""
+    digest = hashlib.sha256(b"\x01" + parent_hash if parent_hash is not None else b"\x00" + salt.encode())
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,7 @@ class CachedPrefix:
     """The longest run of full blocks at the start of a prompt that the cache already holds."""
 
     block_ids: tuple[int, ...] = ()
-    hashes: tuple[int, ...] = ()
+    hashes: tuple[BlockHash, ...] = ()
     num_tokens: int = 0
 
 
@@ -34,6 +41,7 @@ class BlockManager:
 
     A freed block keeps its hash (and so its cached KV) until it is handed out again. Free blocks are
     evicted oldest first; blocks without a hash go to the front of that line, as they hold nothing reusable.
+    A cache hit needs the hash and the block's own tokens to match: a hash alone is never trusted.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
@@ -41,11 +49,12 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached_blocks: dict[int, int] = {}
+        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.cached_blocks: dict[BlockHash, int] = {}
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._held: dict[str, list[int]] = {}
-        self._held_hashes: dict[str, list[int]] = {}
+        self._held_hashes: dict[str, list[BlockHash]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -59,18 +68,19 @@ class BlockManager:
         """The blocks ``request_id`` holds, in token order (read them; do not change them)."""
         return self._held.get(request_id, [])
 
-    def find_cached_prefix(self, token_ids: Sequence[int]) -> CachedPrefix:
+    def find_cached_prefix(self, token_ids: Sequence[int], salt: str = "") -> CachedPrefix:
         """Look up, without claiming anything. The last token is never served from cache, so that the request
         still computes its next logits."""
         if not self.enable_prefix_caching:
             return NO_PREFIX
         block_ids: list[int] = []
-        hashes: list[int] = []
-        parent: int | None = None
+        hashes: list[BlockHash] = []
+        parent: BlockHash | None = None
         for start in range(0, len(token_ids) - self.block_size, self.block_size):
-            block_hash = hash_block(parent, token_ids[start : start + self.block_size])
+            tokens = tuple(token_ids[start : start + self.block_size])
+            block_hash = hash_block(parent, tokens, salt)
             block_id = self.cached_blocks.get(block_hash)
-            if block_id is None:
+            if block_id is None or self.block_tokens[block_id] != tokens:
                 break
             block_ids.append(block_id)
             hashes.append(block_hash)
@@ -106,12 +116,14 @@ class BlockManager:
         for index in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
             start = index * self.block_size
-            block_hash = hash_block(parent, [request.token_at(p) for p in range(start, start + self.block_size)])
+            tokens = tuple(request.token_at(p) for p in range(start, start + self.block_size))
+            block_hash = hash_block(parent, tokens, request.cache_salt)
             hashes.append(block_hash)
             block_id = held[index]
             if block_hash not in self.cached_blocks and self.block_hash[block_id] is None:
                 self.cached_blocks[block_hash] = block_id
                 self.block_hash[block_id] = block_hash
+                self.block_tokens[block_id] = tokens
 
     def free(self, request_id: str) -> None:
         """Drop the request's claim on its blocks, tail first so that shared prefixes are evicted last."""
@@ -129,5 +141,6 @@ class BlockManager:
         if stale_hash is not None:
             del self.cached_blocks[stale_hash]
             self.block_hash[block_id] = None
+            self.block_tokens[block_id] = None
         self.ref_counts[block_id] = 1
         return block_id

@@ -66,13 +66,30 @@ class LLMEngine:
         a step with nothing to run still reports them, and the pool's state after them."""
         return self.scheduler.has_unfinished or bool(self._pending_finished)
 
+    @property
+    def max_prompt_chars(self) -> int:
+        """No text longer than this can fit the context: not even made of the vocabulary's longest tokens."""
+        return self.max_model_len * self.tokenizer.max_token_chars
+
     def make_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, arrival_time: float | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        cache_salt: str = "",
     ) -> Request:
-        """Validate and tokenize; raises InvalidRequestError naming the offending parameter."""
+        """Validate and tokenize; raises InvalidRequestError naming the offending parameter. A text prompt too
+        long to fit is refused by its length alone, before any tokenizing."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         params.verify(self.vocab_size)
+        if isinstance(prompt, str) and len(prompt) > self.max_prompt_chars:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt)} characters; no text over {self.max_prompt_chars} fits this model's "
+                f"{self.max_model_len} tokens",
+                param="prompt",
+            )
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
@@ -98,6 +115,7 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
             prompt=prompt if isinstance(prompt, str) else None,
             repetition=RepetitionDetector() if self.config.stop_on_repetition else None,
+            cache_salt=cache_salt,
         )
         if arrival_time is not None:
             request.times.arrival = arrival_time

@@ -142,6 +142,8 @@ class Request:
     stop_reason: str | int | None = None
     times: RequestTimes = field(default_factory=RequestTimes)
     repetition: RepetitionDetector | None = None
+    # Requests share prefix-cache blocks only with requests of the same salt (vLLM's cache_salt).
+    cache_salt: str = ""
 
     @property
     def num_prompt_tokens(self) -> int:

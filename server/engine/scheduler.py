@@ -102,7 +102,7 @@ class Scheduler:
     def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            prefix = self.block_manager.find_cached_prefix(request.all_token_ids)
+            prefix = self.block_manager.find_cached_prefix(request.all_token_ids, request.cache_salt)
             num_new = min(request.num_tokens - prefix.num_tokens, budget)
             if not self.block_manager.allocate_slots(request.request_id, prefix.num_tokens + num_new, prefix):
                 break

@@ -3,6 +3,7 @@
 The underlying ``tokenizers.Tokenizer`` is safe to call from several threads at once.
 """
 
+import functools
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -57,6 +58,12 @@ class Tokenizer:
         if wants_bos and (not ids or ids[0] != self.bos_token_id):
             ids.insert(0, self.bos_token_id)
         return ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can decode to: its vocabulary entry is at least that long (a byte-level
+        or SentencePiece piece stands for one character or less per character of its own)."""
+        return max(len(piece) for piece in self._backend.get_vocab(with_added_tokens=True))
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,26 @@
+"""Who may call: authentication from the request's head (see middleware.py), and the dependencies that hand the
+caller to the routes and count it against its rate limits."""
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from server.api.auth.caller import ANONYMOUS, Caller
+from server.api.state import State
+
+CALLER_SCOPE_KEY = "vigil.caller"
+
+
+def caller_of(request: Request) -> Caller:
+    """Set by AuthMiddleware; anonymous where authentication is off."""
+    return request.scope.get(CALLER_SCOPE_KEY, ANONYMOUS)
+
+
+async def admit_caller(request: Request, state: State) -> Caller:
+    """Count the request against its tenant's requests-per-minute limit."""
+    caller = caller_of(request)
+    state.limiter.admit_request(caller.tenant)
+    return caller
+
+
+RateLimitedCaller = Annotated[Caller, Depends(admit_caller)]
