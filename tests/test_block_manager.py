@@ -133,3 +133,26 @@ def test_a_failed_allocation_claims_no_cached_block():
     assert not compute(manager, long, 22, prefix)
     assert manager.num_free_blocks == 4 and all(count == 0 for count in manager.ref_counts)
     assert manager.find_cached_prefix(long.prompt_token_ids) == prefix
+
+
+def test_a_block_with_the_same_hash_but_other_tokens_is_never_served(monkeypatch):
+    from server.engine import block_manager
+
+    # Every block collides: only the token comparison stands between a victim and an attacker's KV.
+    monkeypatch.setattr(block_manager, "hash_block", lambda parent, tokens, salt="": b"collision")
+    manager = BlockManager(16, BLOCK_SIZE)
+    attacker = make_request("attacker", prompt_len=9, first_token=100)
+    compute(manager, attacker, 9)
+    victim = make_request("victim", prompt_len=9, first_token=700)
+    assert manager.find_cached_prefix(victim.prompt_token_ids) == NO_PREFIX
+    assert manager.find_cached_prefix(attacker.prompt_token_ids).num_tokens == 4
+
+
+def test_salted_chains_never_meet():
+    manager = BlockManager(16, BLOCK_SIZE)
+    first = make_request("first", prompt_len=9)
+    first.cache_salt = "tenant-a"
+    compute(manager, first, 9)
+    same_tokens = make_request("other", prompt_len=9).prompt_token_ids
+    assert manager.find_cached_prefix(same_tokens, salt="tenant-b") == NO_PREFIX
+    assert manager.find_cached_prefix(same_tokens, salt="tenant-a").num_tokens == 8

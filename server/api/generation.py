@@ -85,6 +85,8 @@ def fan_out(
     requests: list[Request] = []
     num_prompt_tokens = 0
     for prompt_index, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            engine.check_prompt_length(prompt)
         token_ids = encode(prompt) if isinstance(prompt, str) else prompt
         for choice in range(n):
             seeded = params if params.seed is None else replace(params, seed=params.seed + choice)

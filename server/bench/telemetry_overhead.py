@@ -4,11 +4,11 @@ render /metrics once 10,000 finished requests have been recorded."""
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
 from server.bench.offline import random_prompts, time_engine, warm_up
+from server.bench.timed import Timed
 from server.engine.builder import build_engine
 from server.engine.request import SamplingParams
 from server.engine.stats import FinishedRequestStats, StepStats
@@ -30,23 +30,6 @@ def synthetic_finished(index: int) -> FinishedRequestStats:
         sampling_params=SamplingParams(temperature=(index % 20) / 10, top_p=0.9, max_tokens=64),
         output_token_ids=tokens,
     )
-
-
-class Timed:
-    """Wraps a callable and counts the time spent in it."""
-
-    def __init__(self, function: Callable) -> None:
-        self.function = function
-        self.seconds = 0.0
-        self.calls = 0
-
-    def __call__(self, *args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return self.function(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - started
-            self.calls += 1
 
 
 def render_time(num_requests: int) -> tuple[float, int]:

@@ -55,6 +55,9 @@ class EngineHealth:
     num_unfinished: int
     num_free_blocks: int
     num_blocks: int
+    num_running: int
+    num_waiting: int
+    max_num_seqs: int
 
 
 class OutputStream:
@@ -146,9 +149,9 @@ class AsyncEngine:
         """Validate and tokenize (raises InvalidRequestError). Thread-safe: call it off the event loop."""
         return self._built().make_request(request_id, prompt, params, cache_salt=cache_salt)
 
-    @property
-    def max_prompt_chars(self) -> int:
-        return self._built().max_prompt_chars
+    def check_prompt_length(self, text: str) -> None:
+        """Raises InvalidRequestError for a text too long to fit the context, before any tokenizing."""
+        self._built().check_prompt_length(text)
 
     def _built(self) -> LLMEngine:
         if self._engine is None:
@@ -200,7 +203,8 @@ class AsyncEngine:
         return f"{prefix}-{next(self._ids)}"
 
     def health(self) -> EngineHealth:
-        block_manager = self._engine.scheduler.block_manager if self._engine is not None else None
+        scheduler = self._engine.scheduler if self._engine is not None else None
+        block_manager = scheduler.block_manager if scheduler is not None else None
         alive = self._thread is not None and self._thread.is_alive() and self._error is None
         return EngineHealth(
             loading=self.loading,
@@ -212,6 +216,9 @@ class AsyncEngine:
             num_unfinished=len(self._streams),
             num_free_blocks=block_manager.num_free_blocks if block_manager is not None else 0,
             num_blocks=block_manager.num_blocks if block_manager is not None else 0,
+            num_running=len(scheduler.running) if scheduler is not None else 0,
+            num_waiting=len(scheduler.waiting) if scheduler is not None else 0,
+            max_num_seqs=scheduler.config.max_num_seqs if scheduler is not None else 0,
         )
 
     # --- the loop thread -------------------------------------------------------------------------------------

@@ -71,6 +71,15 @@ class LLMEngine:
         """No text longer than this can fit the context: not even made of the vocabulary's longest tokens."""
         return self.max_model_len * self.tokenizer.max_token_chars
 
+    def check_prompt_length(self, text: str) -> None:
+        """Refuse, by its length alone and before any tokenizing, a text too long to fit the context."""
+        if len(text) > self.max_prompt_chars:
+            raise InvalidRequestError(
+                f"the prompt has {len(text)} characters; no text over {self.max_prompt_chars} fits this model's "
+                f"{self.max_model_len} tokens",
+                param="prompt",
+            )
+
     def make_request(
         self,
         request_id: str,
@@ -84,12 +93,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         params.verify(self.vocab_size)
-        if isinstance(prompt, str) and len(prompt) > self.max_prompt_chars:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt)} characters; no text over {self.max_prompt_chars} fits this model's "
-                f"{self.max_model_len} tokens",
-                param="prompt",
-            )
+        if isinstance(prompt, str):
+            self.check_prompt_length(prompt)
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
