@@ -3,10 +3,15 @@ refused, a JWKS refresh, and a real server that takes JWTs beside API keys."""
 
 import asyncio
 import base64
+import contextlib
+import functools
 import hashlib
 import hmac
+import http.server
 import json
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -126,18 +131,35 @@ def test_every_bad_token_is_refused_with_a_reason(verifier, keys, case):
         identify(verifier, make(keys))
 
 
-def test_a_rotated_key_is_picked_up_by_a_refresh_on_its_unknown_kid(tmp_path, keys):
+@contextlib.contextmanager
+def served_from(folder: Path) -> Iterator[str]:
+    """``folder`` over HTTP on 127.0.0.1, as an identity provider publishes its JWKS."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize("published", ["as a file", "at a URL"])
+def test_a_rotated_key_is_picked_up_by_a_refresh_on_its_unknown_kid(tmp_path, keys, published):
     path = write_jwks(tmp_path / "jwks.json", {"rsa-1": keys["rsa-1"]})
-    clock = Clock()
-    key_set = JWKSet(str(path), refresh_s=3600, clock=clock)
-    key_set.load()
-    verifier = JWTVerifier(JWTConfig(str(path), ISSUER, AUDIENCE), key_set)
-    rotated = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    write_jwks(path, {"rsa-1": keys["rsa-1"], "rsa-2": rotated})
-    with pytest.raises(InvalidToken, match="key id"):  # too soon after the last read: made-up kids cost nothing
-        identify(verifier, token(rotated, "rsa-2", algorithm="RS256"))
-    clock.now += UNKNOWN_KID_REFRESH_S + 1
-    assert identify(verifier, token(rotated, "rsa-2", algorithm="RS256")).tenant == "jwt-acme"
+    with contextlib.ExitStack() as stack:
+        source = str(path) if published == "as a file" else stack.enter_context(served_from(tmp_path)) + "/jwks.json"
+        clock = Clock()
+        key_set = JWKSet(source, refresh_s=3600, clock=clock)
+        key_set.load()
+        verifier = JWTVerifier(JWTConfig(source, ISSUER, AUDIENCE), key_set)
+        rotated = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        write_jwks(path, {"rsa-1": keys["rsa-1"], "rsa-2": rotated})
+        with pytest.raises(InvalidToken, match="key id"):  # too soon after the last read: made-up kids cost nothing
+            identify(verifier, token(rotated, "rsa-2", algorithm="RS256"))
+        clock.now += UNKNOWN_KID_REFRESH_S + 1
+        assert identify(verifier, token(rotated, "rsa-2", algorithm="RS256")).tenant == "jwt-acme"
 
 
 @pytest.mark.server
