@@ -15,6 +15,8 @@ from server.engine import builder
 from server.engine.engine import LLMEngine
 
 HOLD_LOAD_ENV = "VIGIL_TEST_HOLD_LOAD"
+# What tests.api_server.APIServer runs to get these switches.
+PROGRAM = (sys.executable, "-m", "tests.serve_with_switches")
 
 
 class EngineFault(RuntimeError):

@@ -3,7 +3,6 @@ failure fails the requests in flight with one clear 500 and turns liveness and r
 
 import json
 import signal
-import sys
 import threading
 import time
 
@@ -12,11 +11,11 @@ import pytest
 
 from tests.api_server import APIServer, metric_samples
 from tests.serve_with_switches import HOLD_LOAD_ENV
+from tests.serve_with_switches import PROGRAM as WITH_SWITCHES
 
 pytestmark = pytest.mark.server
 
 MODEL = "smollm"
-WITH_SWITCHES = (sys.executable, "-m", "tests.serve_with_switches")
 SHUTDOWN_TIMEOUT_S = 6.0
 
 

@@ -13,6 +13,7 @@ The tests run in file order and share one stack: the last ones stop the server a
 import concurrent.futures
 import json
 import math
+import signal
 import time
 
 import httpx
@@ -45,6 +46,7 @@ from tests.ops_stack import (
     wait_until,
     write_targets,
 )
+from tests.serve_with_switches import PROGRAM as FAULT_SWITCH_PROGRAM
 
 pytestmark = [pytest.mark.e2e, pytest.mark.server]
 
@@ -101,7 +103,8 @@ def inbox():
 
 @pytest.fixture(scope="module")
 def server(smollm_folder):
-    server = APIServer(smollm_folder, "--stop-on-repetition", "--max-num-seqs", "4")
+    # With the test's fault switch (SIGUSR1 fails the engine's next step), for the mid-stream failure of step 5.
+    server = APIServer(smollm_folder, "--stop-on-repetition", "--max-num-seqs", "4", program=FAULT_SWITCH_PROGRAM)
     try:
         server.wait_ready()
         yield server
@@ -402,7 +405,24 @@ def test_repetition_loops_page_the_warning_receiver_only(server, prometheus, ale
     assert [a for a in inbox.alerts(receiver="critical") if a["labels"].get("instance") == instance] == []
 
 
-# --- 5. the server goes down, then its target vanishes ----------------------------------------------------
+# --- 5. the engine fails in the middle of a stream, then the server goes down, then its target vanishes ----
+
+
+def test_a_stream_that_fails_after_its_200_counts_against_the_availability_slo(server, prometheus, instance):
+    body = {"model": MODEL, "prompt": "Tell a long story", "max_tokens": 500, "ignore_eos": True, "stream": True}
+    events = []
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and not events:
+                server.process.send_signal(signal.SIGUSR1)  # the engine's next step fails
+            events += [line] if line.startswith("data: ") else []
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2][len("data: "):])["error"]["code"] == "engine_error"
+    counted = f'vigil_request_errors_total{{instance="{instance}", reason="stream_error"}}'
+    wait_until(lambda: scalar(prometheus, counted) == 1, 30, what="Prometheus scrapes the stream error")
+    wait_until(lambda: (scalar(prometheus, 'slo:bad_events:rate5m{slo="availability"}') or 0) > 0, 30,
+               what="the availability SLO counts the failed stream")
+
 
 
 def await_page(inbox: AlertInbox, alertname: str, prometheus: Prometheus, alertmanager: Alertmanager) -> dict:
