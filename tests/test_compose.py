@@ -5,12 +5,14 @@ compose.yaml, and promtool checks the Prometheus config.
 venv's python), promtool from Debian's `prometheus` package.
 """
 
+import fnmatch
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -277,12 +279,14 @@ def test_the_cpu_image_builds_its_cpp_kernels_or_fails_to_build():
     [install] = [run for run in re.findall(r"^RUN ((?:[^\n]*\\\n)*[^\n]*)", dockerfile, flags=re.MULTILINE)
                  if "apt-get install" in run]  # fmt: skip
     assert "g++" in install.split() and "case" in install, "a compiler for every variant"
-    # The wheel leaves out kernels/csrc; the sources must be beside the installed package for kernels.cpu.load().
-    assert "cp -r /tmp/vigil-src/kernels/csrc" in dockerfile
+    # kernels.cpu.load() compiles kernels/csrc where the package is installed: the wheel must carry every source.
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kernels"]
+    sources = [path.relative_to(ROOT / "kernels").as_posix() for path in (ROOT / "kernels" / "csrc").iterdir()]
+    assert sources and all(any(fnmatch.fnmatch(source, pattern) for pattern in patterns) for source in sources)
     assert "TORCH_EXTENSIONS_DIR=/opt/vigil/cache/torch_extensions" in dockerfile
     build = dockerfile.index("from kernels.cpu import load; assert load() is not None")
     # Built as the serving user, into its cache, so that it can read (and rebuild) them at run time.
-    assert build > dockerfile.index("\nUSER ") and build > dockerfile.index("cp -r /tmp/vigil-src/kernels/csrc")
+    assert build > dockerfile.index("\nUSER ") and build > dockerfile.index("pip install /tmp/vigil-src")
 
 
 def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies():
