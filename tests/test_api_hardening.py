@@ -2,6 +2,8 @@
 or too large, credentials sent twice, huge prompts, and one tenant probing another's prefix cache."""
 
 import concurrent.futures
+import hashlib
+import json
 import socket
 
 import httpx
@@ -155,6 +157,15 @@ def test_one_tenant_cannot_hit_or_time_another_tenants_cached_prefix(server):
     salted = prefix_cache_hits(server)
     assert complete(server, KEY_A, SHARED_PROMPT, cache_salt="private").status_code == 200
     assert prefix_cache_hits(server) == salted
+
+
+def test_logs_name_the_tenant_of_each_generation_never_its_key(server):
+    assert complete(server, KEY_B, "Hello").status_code == 200
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    served = [line for line in lines if line["event"] == "generation_finished"]
+    tenant_b = f"key-{hashlib.sha256(KEY_B.encode()).hexdigest()[:16]}"
+    assert any(line["tenant"] == tenant_b and line["outcome"] == "finished" for line in served)
+    assert not any(KEY_A in json.dumps(line) or KEY_B in json.dumps(line) for line in lines)
 
 
 def test_the_server_is_healthy_with_every_block_free_after_all_that(server):

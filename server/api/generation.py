@@ -2,6 +2,7 @@
 stream its choices, aborting everything left if the client goes away."""
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -22,6 +23,8 @@ from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStopp
 from server.engine.request import CompletionOutput, QueueFullError, Request, SamplingParams
 from server.http_status import CLIENT_CLOSED_REQUEST
 from telemetry.service import Telemetry
+
+logger = logging.getLogger("vigil.api")
 
 QUEUE_FULL_RETRY_AFTER_S = 1.0
 T = TypeVar("T")
@@ -105,9 +108,11 @@ class GenerationRun:
         generation: Generation,
         stream: OutputStream,
         reservation: TokenReservation,
+        tenant: str,
         telemetry: Telemetry | None = None,
     ) -> None:
         self.generation = generation
+        self.tenant = tenant
         self._stream = stream
         self._reservation = reservation
         self._telemetry = telemetry
@@ -182,8 +187,16 @@ class GenerationRun:
 
         Choices still unfinished here, with the engine healthy, mean the client went away.
         """
-        if not self._closed and self._unfinished and not self._failed and self._telemetry is not None:
+        if self._closed:
+            return
+        outcome = "failed" if self._failed else "client_disconnect" if self._unfinished else "finished"
+        if outcome == "client_disconnect" and self._telemetry is not None:
             self._telemetry.record_error("client_disconnect")
+        # One line per HTTP generation, with its tenant; the engine's request_finished lines carry the same id.
+        logger.info("generation_finished", extra={
+            "generation_id": self.generation.id, "tenant": self.tenant, "outcome": outcome,
+            "prompt_tokens": self.generation.num_prompt_tokens, "completion_tokens": sum(self._completion_tokens),
+        })
         self._closed = True
         self._stream.close()
         self._reservation.settle(self.generation.num_prompt_tokens + sum(self._completion_tokens))
@@ -208,7 +221,7 @@ async def admit(
             tracer.discard(request_ids, type(error).__name__)
         reservation.settle(0)
         raise _admission_error(error) from None
-    return GenerationRun(generation, stream, reservation, state.telemetry)
+    return GenerationRun(generation, stream, reservation, caller.tenant, state.telemetry)
 
 
 async def respond(
