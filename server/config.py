@@ -95,12 +95,15 @@ class ServerConfig:
     max_connections: int = 1024
     tls: TLSConfig | None = None
     shutdown_timeout: float = 30.0
+    # HAProxy's agent check (server/api/agent_check.py) listens here when set.
+    agent_port: int | None = None
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
             raise ValueError("served_model_name must not be empty")
-        if not 0 <= self.port <= 65535:
-            raise ValueError("port must be in [0, 65535]")
+        for name in ("port", "agent_port"):
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name} must be in [0, 65535]")
         for name in ("rate_limit_rpm", "rate_limit_tpm"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -27,6 +27,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help="connections open at once; one more gets 503 and is closed")
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                        help="seconds that requests in flight get to finish after SIGTERM")
+    group.add_argument("--agent-port", type=int, default=None,
+                       help="answer HAProxy's agent check on this TCP port: a weight from the queue and KV usage, "
+                            "drain while draining, down while not ready (docs/fleet.md)")
     _add_auth_args(parser)
     _add_tls_args(parser)
 
@@ -120,4 +123,5 @@ def server_config_from_args(args: argparse.Namespace, environ: dict[str, str]) -
         max_connections=args.max_connections,
         tls=tls,
         shutdown_timeout=args.shutdown_timeout,
+        agent_port=args.agent_port,
     )

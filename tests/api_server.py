@@ -35,6 +35,7 @@ class APIServer(LocalServer):
         *extra_args: str,
         env: dict[str, str] | None = None,
         program: tuple[str, ...] = SERVER_PROGRAM,
+        port: int | None = None,
     ) -> None:
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"vigil-api-test-{os.getpid()}-{time.monotonic_ns()}.log"
         # One torch thread: on a small shared machine, OpenMP threads that wait on each other behind other
@@ -43,7 +44,7 @@ class APIServer(LocalServer):
         if "VIGIL_API_KEYS" not in (env or {}):
             environment.pop("VIGIL_API_KEYS", None)
         args = ("--model", str(model_folder), "--served-model-name", "smollm", *FAST_ENGINE_ARGS, *extra_args)
-        super().__init__(args, log_path, env=environment, program=program)
+        super().__init__(args, log_path, env=environment, program=program, port=port)
 
     def wait_ready(self, headers: dict[str, str] | None = None) -> "APIServer":
         return super().wait_ready(READY_TIMEOUT_S, headers)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from server.api import chat, completions, health, models
+from server.api.agent_check import serve_agent_check
 from server.api.auth.api_keys import APIKeys
 from server.api.auth.authenticator import Authenticator
 from server.api.auth.jwt_verifier import JWTVerifier
@@ -69,9 +70,14 @@ def create_app(
         if telemetry is not None:
             telemetry.start()
             reporting = asyncio.create_task(keep_reporting(readiness))
+        agent = None
+        if config.agent_port is not None:
+            agent = await serve_agent_check(readiness, engine, config.host, config.agent_port)
         try:
             yield
         finally:
+            if agent is not None:
+                agent.close()
             if reporting is not None:
                 reporting.cancel()
             if telemetry is not None:

@@ -24,7 +24,8 @@ def free_port() -> int:
 
 class LocalServer:
     """``args`` are the serve flags besides --host and --port; stdout and stderr go to ``log_path``. ``program``
-    is what takes the ``serve`` command line."""
+    is what takes the ``serve`` command line. ``port`` is a free one unless given (a replacement takes over the
+    port of the server it replaces)."""
 
     def __init__(
         self,
@@ -32,8 +33,9 @@ class LocalServer:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         program: Sequence[str] = SERVER_PROGRAM,
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = [*program, "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
