@@ -1,16 +1,19 @@
 """The engine's offline throughput, and Hugging Face transformers' on the same prompts, in one run."""
 
 import argparse
+import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
 from kernels.matmul_peak import measure_matmul_peak
+from server.bench.machine import Machine, this_machine
 from server.bench.timed import Timed
 from server.engine import block_manager
 from server.engine.builder import build_engine
 from server.engine.engine import LLMEngine
+from server.engine.flops import ModelFlops
 from server.engine.request import SamplingParams
 from server.engine.stats import StepStats
 from server.engine_args import engine_config_from_args
@@ -111,10 +114,16 @@ def run(args: argparse.Namespace) -> int:
     profile = StepProfile.of(steps, min(len(prompts), engine.config.max_num_seqs))
     # The higher of two probes, before and after: a probe that lands in a slow moment would inflate MFU.
     peak = max(peak_before, measure_matmul_peak(engine.runner.model.dtype, engine.runner.device))
+    single_step_s = time_single_stream(engine, prompts[0], args.output_len)
+    machine = this_machine()
     if not args.skip_hf:
         results += hf_results(args, engine, prompts)
+    print(f"\nmachine: {machine.describe()}")
+    print(f"engine: attention {engine.info.attention_backend}, layer ops {engine.runner.model.layer_ops.name}, "
+          f"compute {engine.info.dtype}, weights {engine.info.weight_dtype}, KV cache {engine.cache_info.dtype}")
     print_table(results, engine)
     print_profile(profile, peak, engine)
+    print_single_stream(single_step_s, engine, machine)
     print(f"prefix-cache block hashing (SHA-256): {hashing.seconds * 1e3:.1f} ms in {hashing.calls} blocks, "
           f"{hashing.seconds / results[0].seconds:.3%} of the engine's time")
     return 0
@@ -133,6 +142,31 @@ def hf_results(args: argparse.Namespace, engine: LLMEngine, prompts: list[list[i
         time_transformers(model, prompts[: args.hf_single_requests], args.output_len, 1, "transformers, batch 1"),
         time_transformers(model, prompts[:batch], args.output_len, batch, f"transformers, static batch {batch}"),
     ]
+
+
+def time_single_stream(engine: LLMEngine, prompt: list[int], output_len: int) -> float:
+    """The median decode step of one stream alone, in seconds."""
+    steps: list[StepStats] = []
+    engine.stats_listeners.append(steps.append)
+    try:
+        time_engine(engine, [prompt], output_len)
+    finally:
+        engine.stats_listeners.remove(steps.append)
+    return statistics.median(s.step_duration_s for s in steps if s.num_decode_seqs == 1 and not s.num_prefill_seqs)
+
+
+def weight_bytes_per_step(engine: LLMEngine) -> int:
+    """What one decode step must read of the weights: every matrix once, the output layer included."""
+    flops = ModelFlops.of(engine.model_config)
+    return (flops.per_token + flops.per_sampled_token) // 2 * engine.runner.model.weight_dtype.itemsize
+
+
+def print_single_stream(step_s: float, engine: LLMEngine, machine: Machine) -> None:
+    weights = weight_bytes_per_step(engine)
+    floor_s = weights / machine.read_bandwidth_bytes_per_second
+    print(f"single stream: decode step {step_s * 1e3:.1f} ms ({1 / step_s:.1f} tok/s); weight-read floor "
+          f"{floor_s * 1e3:.1f} ms ({weights / 1e6:.0f} MB at {machine.read_bandwidth_bytes_per_second / 1e9:.1f} "
+          f"GB/s): {step_s / floor_s:.2f}x the floor")
 
 
 def describe_engine(engine: LLMEngine) -> str:

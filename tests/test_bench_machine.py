@@ -1,0 +1,21 @@
+"""The bench's description of the machine: the CPU and ISA from /proc/cpuinfo, and a measured read bandwidth."""
+
+from pathlib import Path
+
+from server.bench.machine import ISA_FLAGS, cpu_model_and_flags, this_machine
+
+
+def test_the_machine_is_named_with_the_isa_that_matters_and_a_measured_bandwidth():
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    machine = this_machine()
+    assert machine.cpu in cpuinfo
+    flags = set(next(line for line in cpuinfo.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
+    assert set(machine.isa) == flags & set(ISA_FLAGS)
+    # Anything from a laptop's DRAM to a server's: a probe that cached its buffer or stalled would fall outside.
+    assert 1e9 < machine.read_bandwidth_bytes_per_second < 1e12
+    assert machine.cpu in machine.describe() and "GB/s" in machine.describe()
+
+
+def test_cpu_model_and_flags_reads_the_first_processor():
+    model, flags = cpu_model_and_flags()
+    assert model and ("avx2" in flags or "sse2" in flags)
