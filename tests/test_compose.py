@@ -23,7 +23,10 @@ from server.config import ServerConfig
 
 COMPOSE_FILE = ROOT / "compose.yaml"
 GPU_SERVICES = {"vigil-gpu", "dcgm-exporter"}
-VIGIL_SERVICES = {"vigil", "vigil-gpu"}
+GREEN_SERVICES = {"vigil-green-1", "vigil-green-2"}
+# HAProxy's backends (deploy/haproxy/haproxy.cfg): blue serves now, green is the next version beside it.
+BLUE_SERVICES = {"vigil-1", "vigil-2", "vigil-gpu"}
+VIGIL_SERVICES = BLUE_SERVICES | GREEN_SERVICES
 # The receiver secrets Alertmanager may read, each a compose secret mounted at /run/secrets/NAME.
 ALERTMANAGER_SECRETS = {"pagerduty_routing_key", "opsgenie_api_key", "slack_webhook_url", "smtp_password",
                         "heartbeat_url"}  # fmt: skip
@@ -49,7 +52,7 @@ def compose(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def services() -> dict[str, dict]:
     """compose.yaml with every profile on, as Compose itself normalises it."""
-    result = compose("--profile", "gpu", "config", "--format", "json")
+    result = compose("--profile", "gpu", "--profile", "green", "config", "--format", "json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["services"]
 
@@ -70,7 +73,7 @@ def mounts(service: dict) -> dict[str, str]:
 
 
 def test_compose_config_is_valid():
-    for profile_args in ([], ["--profile", "gpu"]):
+    for profile_args in ([], ["--profile", "gpu"], ["--profile", "green"]):
         result = compose(*profile_args, "config", "-q")
         assert result.returncode == 0, result.stderr
 
@@ -80,8 +83,27 @@ def test_gpu_services_run_only_in_the_gpu_profile():
     with_gpu = compose("--profile", "gpu", "config", "--services")
     assert default.returncode == with_gpu.returncode == 0
     assert set(default.stdout.split()) == set(with_gpu.stdout.split()) - GPU_SERVICES
-    assert {"vigil", "prometheus", "alertmanager", "grafana", "otel-collector", "jaeger", "node-exporter",
-            "alert-inbox"} <= set(default.stdout.split())  # fmt: skip
+    assert {"haproxy", "vigil-1", "vigil-2", "prometheus", "alertmanager", "grafana", "otel-collector", "jaeger",
+            "node-exporter", "alert-inbox"} <= set(default.stdout.split())  # fmt: skip
+
+
+def test_the_fleet_runs_by_default_behind_haproxy_and_green_only_in_its_profile(services):
+    default = set(compose("config", "--services").stdout.split())
+    with_green = set(compose("--profile", "green", "config", "--services").stdout.split())
+    assert with_green - default == GREEN_SERVICES
+    assert all(services[name]["profiles"] == ["green"] for name in GREEN_SERVICES)
+    # The API is HAProxy's; the replicas are reached through it only.
+    published = {name: {port["published"] for port in service.get("ports", [])} for name, service in services.items()}
+    assert published["haproxy"] == {"8000", "8405", "9999"}
+    assert not [name for name in VIGIL_SERVICES if published[name]]
+    assert services["haproxy"]["image"].startswith("haproxy:")
+    assert mounts(services["haproxy"]) == {
+        "/usr/local/etc/haproxy/haproxy.cfg": "deploy/haproxy/haproxy.cfg",
+        "/usr/local/etc/haproxy/routing.map": "deploy/haproxy/routing.map",
+    }
+    # Green is its own image, so that building the next version leaves blue's alone.
+    assert {services[name]["image"] for name in GREEN_SERVICES} == {"vigil:green"}
+    assert "vigil:green" not in {services[name]["image"] for name in BLUE_SERVICES}
 
 
 def test_every_image_is_pinned(services):
@@ -103,13 +125,13 @@ def test_every_service_has_a_healthcheck(services):
 
 
 def test_vigil_is_built_here_and_checked_on_readyz(services):
-    for name in ("vigil", "vigil-gpu"):
+    for name in VIGIL_SERVICES:
         vigil = services[name]
         assert Path(vigil["build"]["context"]) == ROOT
         assert any("/readyz" in part for part in vigil["healthcheck"]["test"])
         assert vigil["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4317"
-    assert services["vigil"]["build"]["args"]["VARIANT"] == "cpu"
-    assert services["vigil-gpu"]["build"]["args"]["VARIANT"] == "gpu"
+    assert {name: services[name]["build"]["args"]["VARIANT"] for name in VIGIL_SERVICES} == {
+        **dict.fromkeys(VIGIL_SERVICES - {"vigil-gpu"}, "cpu"), "vigil-gpu": "gpu"}
 
 
 def test_gpu_profile_reserves_nvidia_devices(services):
@@ -236,8 +258,9 @@ def test_prometheus_finds_every_replica_by_name_and_watches_the_monitoring_too(s
         hosts |= {name for sd in job.get("dns_sd_configs", []) for name in sd["names"]}
     [alerting] = config["alerting"]["alertmanagers"]
     hosts |= {target.split(":")[0] for target in alerting["static_configs"][0]["targets"]}
-    assert hosts - {"localhost"} == {"vigil", "vigil-gpu", "node-exporter", "dcgm-exporter", "alertmanager",
-                                     "otel-collector"}  # fmt: skip
+    assert hosts - {"localhost"} == VIGIL_SERVICES | {"haproxy", "node-exporter", "dcgm-exporter", "alertmanager",
+                                                      "otel-collector"}  # fmt: skip
+    assert jobs["haproxy"]["static_configs"] == [{"targets": ["haproxy:8405"]}]
     assert hosts - {"localhost"} <= set(services)
 
 

@@ -1,0 +1,156 @@
+"""The fleet on 127.0.0.1: three real Vigil replicas (blue vigil-1 and vigil-2, green vigil-green-1 with another
+model version) behind the real HAProxy running deploy/haproxy/haproxy.cfg (tests/fleet.py), scraped by the real
+Prometheus.
+
+A busy replica gets clearly fewer new requests; a SIGTERM under load, a scripted rolling restart under a client
+loop and a blue-green switch under a client loop each fail no request. The tests run in file order and share the
+fleet.
+"""
+
+import concurrent.futures
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from deploy.haproxy.rollout import restart, shift
+from tests.fleet import ClientLoop, HAProxy, Replica
+from tests.ops_stack import wait_until
+from tests.tiny_model import write_tiny_llama
+
+pytestmark = [pytest.mark.e2e, pytest.mark.server]
+
+MAX_NUM_SEQS = 4
+# Each replica: a small batch (so that a few long requests fill it) and a drain longer than any request here.
+REPLICA_ARGS = ("--max-num-seqs", str(MAX_NUM_SEQS), "--shutdown-timeout", "60")
+BLUE = ("vigil-1", "vigil-2")
+GREEN = "vigil-green-1"
+# A long request holds a batch slot for hundreds of steps: up to the tiny model's 512 positions.
+LONG_REQUEST = {"model": "smollm", "prompt": "hello", "max_tokens": 480, "ignore_eos": True, "temperature": 1.0}
+# Twice the batch: while the first ones run, the rest wait, and take over the batch as the first ones end.
+LONG_REQUESTS = 2 * MAX_NUM_SEQS
+SHORT_REQUEST = {"model": "smollm", "prompt": "Hi", "max_tokens": 4, "temperature": 0.0}
+SHORT_REQUESTS = 40
+SHORT_CLIENTS = 4
+DRAIN_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 120.0
+SERVED_AFTER = 20  # requests the client loop must get answered after each change, to show the fleet still serves
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, tiny_folder, smollm_folder):
+    workdir = tmp_path_factory.mktemp("fleet")
+    # Green serves the next version of the model: the same architecture, other weights.
+    next_version = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama-v2"), smollm_folder, seed=1)
+    replicas = {name: Replica(name, tiny_folder, *REPLICA_ARGS) for name in BLUE}
+    replicas[GREEN] = Replica(GREEN, next_version, *REPLICA_ARGS)
+    haproxy = None
+    try:
+        for replica in replicas.values():
+            replica.server.wait_ready()
+        haproxy = HAProxy(workdir, list(replicas.values()))
+        haproxy.wait_up("blue", *BLUE)
+        haproxy.wait_up("green", GREEN)
+        yield SimpleNamespace(haproxy=haproxy, replicas=replicas, workdir=workdir)
+    finally:
+        if haproxy is not None:
+            haproxy.stop()
+        for replica in replicas.values():
+            replica.server.stop()
+
+
+def test_every_replica_is_up_at_full_weight_and_blue_takes_the_traffic(fleet):
+    states = {(state.backend, state.name): state for state in fleet.haproxy.api.servers()}
+    assert {key: (state.status, state.weight) for key, state in states.items()} == {
+        **{("blue", name): ("UP", 100) for name in BLUE}, ("green", GREEN): ("UP", 100)}  # fmt: skip
+    before = fleet.haproxy.totals("green")
+    for _ in range(5):
+        assert httpx.post(f"{fleet.haproxy.url}/v1/completions", json=SHORT_REQUEST, timeout=60).status_code == 200
+    assert fleet.haproxy.totals("green") == before, "green_percent 0 in routing.map: nothing goes to green"
+
+
+def test_a_busy_replica_gets_clearly_fewer_new_requests(fleet):
+    haproxy, busy = fleet.haproxy, fleet.replicas["vigil-1"]
+    with concurrent.futures.ThreadPoolExecutor(LONG_REQUESTS) as pool:
+        # Sent to vigil-1 directly, past HAProxy, so that only the replica's own agent check can tell HAProxy that
+        # it is busy (HAProxy's count of its connections there stays 0): another balancer's traffic, say.
+        longs = [pool.submit(httpx.post, f"{busy.server.base_url}/v1/completions", json=LONG_REQUEST, timeout=300)
+                 for _ in range(LONG_REQUESTS)]  # fmt: skip
+        wait_until(lambda: haproxy.api.server("blue", "vigil-1").weight <= 10, 30, interval=0.1,
+                   what=lambda: f"vigil-1's agent lowers its weight: {haproxy.api.servers('blue')}")  # fmt: skip
+        assert haproxy.api.server("blue", "vigil-2").weight == 100
+
+        before = haproxy.totals("blue")
+        with ClientLoop(haproxy.url, clients=SHORT_CLIENTS, max_tokens=4, max_requests=SHORT_REQUESTS,
+                        max_seconds=120) as loop:  # fmt: skip
+            # A request HAProxy gave vigil-1 waits there behind the long ones, so count what HAProxy sent out.
+            wait_until(lambda: sum(haproxy.totals("blue").values()) - sum(before.values()) >= SHORT_REQUESTS, 120,
+                       interval=0.05, what="HAProxy has sent out the short requests")  # fmt: skip
+            after = haproxy.totals("blue")
+            # As many unfinished as the batch holds: vigil-1's batch was full all along.
+            still_busy = sum(not future.done() for future in longs)
+        assert [future.result().status_code for future in longs] == [200] * LONG_REQUESTS
+    assert still_busy >= MAX_NUM_SEQS, "the long requests ended before the short ones: make them longer"
+    assert loop.failures == [], loop.failures[:5]
+    split = {name: after[name] - before[name] for name in BLUE}
+    print(f"new requests while vigil-1 was busy: {split}")
+    assert split["vigil-2"] >= 3 * split["vigil-1"], split
+
+
+def test_sigterm_on_a_replica_under_load_fails_no_request(fleet):
+    haproxy, replica = fleet.haproxy, fleet.replicas["vigil-1"]
+    with ClientLoop(haproxy.url, clients=4, max_tokens=48, max_seconds=240) as loop:
+        wait_until(lambda: haproxy.api.server("blue", "vigil-1").sessions > 0, 60, interval=0.02,
+                   what="vigil-1 has requests in flight")  # fmt: skip
+        exit_code = replica.stop()  # SIGTERM: its agent says drain, the requests in flight finish, it exits
+        sent = loop.sent
+        wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 120, what="the loop is served by vigil-2 alone")
+    print(f"SIGTERM under load: {dict(loop.codes)}")
+    assert exit_code == 0
+    assert loop.failures == [], loop.failures[:5]
+    replica.start()
+    haproxy.wait_up("blue", "vigil-1")
+
+
+def test_a_scripted_rolling_restart_under_a_client_loop_fails_no_request(fleet):
+    haproxy = fleet.haproxy
+    generations = {name: fleet.replicas[name].generation for name in BLUE}
+    steps: list[str] = []
+    with ClientLoop(haproxy.url, clients=3, max_tokens=32, max_seconds=400) as loop:
+        wait_until(lambda: loop.sent >= SERVED_AFTER, 60, what="the loop is served before the rollout")
+        restart(haproxy.api, "blue", lambda name: fleet.replicas[name].replace(), DRAIN_TIMEOUT_S, READY_TIMEOUT_S,
+                steps.append)  # fmt: skip
+        sent = loop.sent
+        wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 120, what="the loop is served after the rollout")
+    print(f"rolling restart: {dict(loop.codes)}; {steps}")
+    assert loop.failures == [], loop.failures[:5]
+    assert {name: fleet.replicas[name].generation for name in BLUE} == {n: g + 1 for n, g in generations.items()}
+    assert [step.split(":")[0] for step in steps] == [f"blue/{name}" for name in BLUE for _ in range(3)]
+    assert all(state.up and state.weight > 0 for state in haproxy.api.servers("blue"))
+
+
+def test_a_blue_green_switch_under_a_client_loop_fails_no_request(fleet):
+    haproxy = fleet.haproxy
+    blue_answer = complete(fleet.replicas["vigil-2"].server.base_url)
+    assert complete(fleet.replicas[GREEN].server.base_url) != blue_answer, "green serves another model version"
+    with ClientLoop(haproxy.url, clients=4, max_tokens=32, max_seconds=300) as loop:
+        wait_until(lambda: loop.sent >= SERVED_AFTER, 60, what="the loop is served by blue")
+        shift(haproxy.api, 100, DRAIN_TIMEOUT_S, log=print)  # returns once blue has no request in flight
+        blue, green, sent = haproxy.totals("blue"), haproxy.totals("green"), loop.sent
+        wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 120, what="the loop is served by green")
+        blue_after, green_after = haproxy.totals("blue"), haproxy.totals("green")
+    print(f"blue-green switch: {dict(loop.codes)}")
+    assert loop.failures == [], loop.failures[:5]
+    assert blue_after == blue, "after the switch, no new request goes to blue"
+    assert green_after[GREEN] - green[GREEN] >= SERVED_AFTER
+    assert complete(haproxy.url) != blue_answer
+
+    shift(haproxy.api, 0, DRAIN_TIMEOUT_S, log=print)
+    assert complete(haproxy.url) == blue_answer
+
+
+def complete(base_url: str) -> str:
+    body = {"model": "smollm", "prompt": "The colour of the sky is", "max_tokens": 8, "temperature": 0.0}
+    response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
