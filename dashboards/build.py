@@ -17,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from alerts.slo import SLO, load  # noqa: E402
+from dashboards.fleet_dashboard import fleet_dashboard  # noqa: E402
 from dashboards.panels import (  # noqa: E402
     API_ROUTES,
     TOKENS_PER_SECOND,
@@ -568,7 +569,7 @@ def render() -> dict[str, str]:
     """File name -> JSON text of every dashboard."""
     dashboards = {
         "overview": overview(), "infrastructure": infrastructure(), "service": service(), "model": model(),
-        "slo": slo_dashboard(list(SLOS.values())),
+        "slo": slo_dashboard(list(SLOS.values())), "fleet": fleet_dashboard(),
     }
     return {
         f"{name}.json": json.dumps(board, indent=2, ensure_ascii=False) + "\n" for name, board in dashboards.items()

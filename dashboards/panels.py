@@ -7,16 +7,22 @@ WITHOUT_MODEL = (
     "vigil_gpu_", "vigil_host_", "vigil_hardware_", "vigil_http_requests_total", "vigil_request_errors_total",
     "process_",
 )
+# HAProxy's own exporter (the fleet dashboard).
+BALANCER_PREFIX = "haproxy_"
 # The OpenAI API's traffic, without Prometheus scrapes and health probes.
 API_ROUTES = 'route!~"/metrics|/livez|/readyz|/health"'
 TOKENS_PER_SECOND = "suffix: tok/s"
 
 
 def series(metric: str, *matchers: str) -> str:
-    """``metric{...}`` filtered by the dashboard's variables, plus any extra matchers."""
-    scope = (
-        ['instance=~"$instance"'] if metric.startswith(WITHOUT_MODEL) else ['model=~"$model"', 'instance=~"$instance"']
-    )
+    """``metric{...}`` filtered by the dashboard's variables, plus any extra matchers. HAProxy's metrics are
+    filtered by the balancer they come from."""
+    if metric.startswith(BALANCER_PREFIX):
+        scope = ['instance=~"$balancer"']
+    elif metric.startswith(WITHOUT_MODEL):
+        scope = ['instance=~"$instance"']
+    else:
+        scope = ['model=~"$model"', 'instance=~"$instance"']
     return f"{metric}{{{', '.join([*scope, *matchers])}}}"
 
 
@@ -191,26 +197,28 @@ def layout(panels: list[dict]) -> list[dict]:
     return placed
 
 
+def query_variable(name: str, label: str, query: str) -> dict:
+    """A multi-value variable listing the values of a label (``label_values(...)``), "All" selected."""
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": query,
+        "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "regex": "",
+        "sort": 1,
+        "hide": 0,
+    }
+
+
 def variables(filtered: bool = True) -> dict:
     """The data source picker, and unless the dashboard covers the whole service, the model and instance ones."""
-    def query_variable(name, label, query):
-        return {
-            "name": name,
-            "label": label,
-            "type": "query",
-            "datasource": DATASOURCE,
-            "definition": query,
-            "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-            "refresh": 2,
-            "includeAll": True,
-            "multi": True,
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-            "options": [],
-            "regex": "",
-            "sort": 1,
-            "hide": 0,
-        }
-
     return {
         "list": [
             {

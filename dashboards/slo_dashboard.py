@@ -1,9 +1,12 @@
 """The SLO dashboard: per SLO of alerts/slo.yml, the error budget left over its window, the SLI, the burn rate
-over every window the alerts use, and the budget consumed while a burn-rate alert fired. It reads the series
-that alerts/rules/slo.yml records, across every replica, so it has no model or instance selector."""
+over every window the alerts use, and the budget consumed while a burn-rate alert fired. Those read the series
+that alerts/rules/slo.yml records across every replica; a last row splits each SLO's error ratio by replica (the
+instance variable), to find the replica that spends the budget."""
 
-from alerts.slo import BURN_RATE_ALERTS, SLO, WINDOWS, burn_rate
-from dashboards.panels import dashboard, row, stat, target, thresholds, timeseries
+from alerts.slo import BURN_RATE_ALERTS, SLO, WINDOWS, burn_rate, series
+from dashboards.panels import dashboard, query_variable, row, stat, target, thresholds, timeseries
+
+BY_REPLICA = 'instance=~"$instance"'
 
 
 def over_window(record: str, slo: SLO, window: str) -> str:
@@ -86,11 +89,48 @@ def slo_panels(slo: SLO) -> list[dict]:
     ]
 
 
+def rate_by_instance(selector: str, suffix: str = "", *matchers: str) -> str:
+    return f"sum by (instance) (rate({series(selector, suffix, BY_REPLICA, *matchers)}[$__rate_interval]))"
+
+
+def error_ratio_by_replica(slo: SLO) -> str:
+    """Bad events over all events, per selected replica, now. A bad-event counter a replica has not written yet
+    counts 0 there (``or 0 *`` its total), so that the sum keeps every replica."""
+    if slo.histogram:
+        good = rate_by_instance(slo.histogram, "_bucket", f'le="{slo.le}"')
+        return f"1 - {good}\n/ {rate_by_instance(slo.histogram, '_count')}"
+    total = rate_by_instance(slo.total)
+    bad = "\n  + ".join(f"({rate_by_instance(selector)} or 0 * {total})" for selector in slo.bad)
+    return f"(\n  {bad}\n)\n/ {total}"
+
+
+def replica_panels(slos: list[SLO]) -> list[dict]:
+    return [
+        row("By replica (the selected instances)"),
+        *(
+            timeseries(
+                f"{slo.title}: error ratio by replica",
+                f"Share of each replica's events that are bad now; the objective allows {slo.budget:.1%}.",
+                [target(error_ratio_by_replica(slo), "{{instance}}")],
+                "percentunit",
+                width=8,
+                min_value=0,
+                limits=thresholds("green", slo.budget, "red"),
+            )
+            for slo in slos
+        ),
+    ]
+
+
 def slo_dashboard(slos: list[SLO]) -> dict:
-    return dashboard(
+    board = dashboard(
         "vigil-slo",
         "SLO",
-        "Error budgets and burn rates of the SLOs in alerts/slo.yml, across every replica.",
-        [panel for slo in slos for panel in slo_panels(slo)],
+        "Error budgets and burn rates of the SLOs in alerts/slo.yml across every replica, and each SLO by replica.",
+        [*(panel for slo in slos for panel in slo_panels(slo)), *replica_panels(slos)],
         filtered=False,
     )
+    board["templating"]["list"].append(
+        query_variable("instance", "Instance", "label_values(vigil_engine_ready, instance)")
+    )
+    return board

@@ -91,6 +91,21 @@ MONITORING_METRICS = {
     "alertmanager_notifications_failed_total",
 }
 PROMETHEUS_SERIES = {"ALERTS"}
+# What HAProxy's own exporter exports and the fleet dashboard reads (tests/test_fleet_e2e.py checks that the real
+# binary exports them).
+HAPROXY_METRICS = {
+    "haproxy_process_build_info",
+    "haproxy_server_weight",
+    "haproxy_server_current_sessions",
+    "haproxy_server_status",
+    "haproxy_server_http_responses_total",
+    "haproxy_backend_http_requests_total",
+    "haproxy_backend_retry_warnings_total",
+    "haproxy_backend_redispatch_warnings_total",
+    "haproxy_backend_current_queue",
+    "haproxy_frontend_http_requests_total",
+    "haproxy_frontend_http_responses_total",
+}
 
 _HISTOGRAM_SERIES = {
     f"{name}{suffix}": name
@@ -121,12 +136,12 @@ def metric_names(expr: str) -> set[str]:
 
 def is_known_metric(name: str) -> bool:
     """Exported by Vigil (a histogram's _bucket/_sum/_count too) or its process_* collector, by the monitoring
-    itself, written by Prometheus (ALERTS), or recorded by a rule in alerts/rules/."""
+    itself or HAProxy, written by Prometheus (ALERTS), or recorded by a rule in alerts/rules/."""
     return (
         name in VIGIL_METRICS
         or name in _HISTOGRAM_SERIES
         or name.startswith("process_")
-        or name in MONITORING_METRICS | PROMETHEUS_SERIES
+        or name in MONITORING_METRICS | PROMETHEUS_SERIES | HAPROXY_METRICS
         or name in {rule["record"] for _, rule in recording_rules()}
     )
 
@@ -152,15 +167,19 @@ def panels(dashboard: dict) -> list[dict]:
     return found
 
 
-def substitute(expr: str, model: str, instance: str, datasource: str = "vigil-prometheus") -> str:
-    """``expr`` with Grafana's variables replaced the way Grafana would for one model and one instance.
+def substitute(
+    expr: str, model: str, instance: str, datasource: str = "vigil-prometheus", balancer: str = "haproxy:8405"
+) -> str:
+    """``expr`` with Grafana's variables replaced the way Grafana would for one model and one instance (and, on the
+    fleet dashboard, one balancer).
 
-    The model and instance values go in verbatim: they sit inside ``=~"..."`` matchers, so pass a regex
+    The model, instance and balancer values go in verbatim: they sit inside ``=~"..."`` matchers, so pass a regex
     (``.*`` for all) or a plain name (a dot in a name matches itself too).
     """
     values = {
         "model": model,
         "instance": instance,
+        "balancer": balancer,
         "datasource": datasource,
         "__rate_interval": "1m",
         "__interval": "15s",
@@ -176,14 +195,20 @@ def substitute(expr: str, model: str, instance: str, datasource: str = "vigil-pr
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, expr)
 
 
-def dashboard_queries(model: str, instance: str) -> list[tuple[str, str, str]]:
+def dashboard_queries(model: str, instance: str, balancer: str = "haproxy:8405") -> list[tuple[str, str, str]]:
     """(dashboard title, panel title, PromQL with variables substituted) for every query on every dashboard."""
     queries = []
     for dashboard in load_dashboards().values():
         for panel in panels(dashboard):
             for target in panel.get("targets", []):
-                queries.append((dashboard["title"], panel["title"], substitute(target["expr"], model, instance)))
+                expr = substitute(target["expr"], model, instance, balancer=balancer)
+                queries.append((dashboard["title"], panel["title"], expr))
     return queries
+
+
+def is_balancer_query(expr: str) -> bool:
+    """Reads HAProxy's metrics, which only a fleet behind HAProxy has."""
+    return any(name in HAPROXY_METRICS for name in metric_names(expr))
 
 
 def rules() -> list[tuple[str, dict]]:

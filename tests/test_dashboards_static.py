@@ -12,6 +12,7 @@ import pytest
 import yaml
 from dashboard_queries import (
     DASHBOARD_DIR,
+    HAPROXY_METRICS,
     ROOT,
     UNLABELLED_BY_MODEL,
     dashboard_queries,
@@ -31,8 +32,10 @@ EXPECTED_UIDS = {
     "service.json": "vigil-service",
     "model.json": "vigil-model",
     "slo.json": "vigil-slo",
+    "fleet.json": "vigil-fleet",
 }
-# The SLO dashboard covers the whole service: no model or instance selector, windows from alerts/slo.yml.
+# The SLO dashboard covers the whole service: no model selector, windows from alerts/slo.yml; only its last row
+# splits the SLOs by replica, with the instance selector.
 SERVICE_WIDE = {"slo.json"}
 # Panel titles (case-insensitive substrings) each dashboard must have.
 REQUIRED_PANELS = {
@@ -49,6 +52,9 @@ REQUIRED_PANELS = {
                    "Top-p distribution", "Finish reasons", "Repetition ratio P95", "Anomalies by kind"],
     "infrastructure.json": ["GPU temperature", "GPU memory", "GPU utilisation", "GPU power", "Host CPU",
                             "Host memory", "Process RSS", "Hardware readings failed"],
+    "fleet.json": ["Replicas ready", "Requests running, per replica", "Requests waiting, per replica",
+                   "KV cache usage, per replica", "Weight each replica reports", "Requests in flight, per server",
+                   "Servers UP", "Share of new requests to green", "Retried and redispatched"],
 }  # fmt: skip
 # Panels whose queries must ask for exemplars, to link latency to traces.
 LATENCY_PANELS = {
@@ -92,7 +98,7 @@ def test_committed_json_is_the_generators_output():
         assert (DASHBOARD_DIR / name).read_text() == text, f"{name} is stale: run python dashboards/build.py"
 
 
-def test_five_dashboards_with_stable_unique_uids(dashboards):
+def test_six_dashboards_with_stable_unique_uids(dashboards):
     assert {name: board["uid"] for name, board in dashboards.items()} == EXPECTED_UIDS
     for board in dashboards.values():
         assert board["id"] is None, "provisioned dashboards must not carry a database id"
@@ -102,15 +108,19 @@ def test_five_dashboards_with_stable_unique_uids(dashboards):
 def test_datasource_model_and_instance_variables(dashboards):
     for name, board in dashboards.items():
         variables = {variable["name"]: variable for variable in board["templating"]["list"]}
+        assert "instance" in variables, f"{name} has no instance variable"
         if name in SERVICE_WIDE:
-            assert set(variables) == {"datasource"}, name
+            assert set(variables) == {"datasource", "instance"}, name
+            assert variables["instance"]["definition"] == "label_values(vigil_engine_ready, instance)"
             continue
         assert {"datasource", "model", "instance"} <= set(variables), name
         assert variables["datasource"]["type"] == "datasource"
         assert variables["datasource"]["query"] == "prometheus"
         assert variables["model"]["definition"] == "label_values(vigil_engine_ready, model)"
         assert variables["instance"]["definition"] == 'label_values(vigil_engine_ready{model=~"$model"}, instance)'
-        for variable in (variables["model"], variables["instance"]):
+        if name == "fleet.json":
+            assert variables["balancer"]["definition"] == "label_values(haproxy_process_build_info, instance)"
+        for variable in (variables["model"], variables["instance"], variables.get("balancer", variables["model"])):
             assert variable["datasource"] == DATASOURCE_REF
             assert variable["query"]["query"] == variable["definition"]
             assert variable["includeAll"] and variable["multi"]
@@ -143,9 +153,13 @@ def test_every_query_reads_exported_metrics_filtered_by_the_variables(dashboards
                 selected = {metric: matchers for metric, matchers in SELECTOR.findall(expr)}
                 assert names == set(selected), f"{panel['title']}: a metric without a label selector in {expr!r}"
                 if name in SERVICE_WIDE:
-                    assert all('slo="' in matchers for matchers in selected.values()), panel["title"]
+                    assert all('slo="' in matchers or 'instance=~"$instance"' in matchers
+                               for matchers in selected.values()), panel["title"]  # fmt: skip
                     continue
                 for metric, matchers in selected.items():
+                    if metric in HAPROXY_METRICS:
+                        assert matchers.startswith('instance=~"$balancer"'), f"{panel['title']}: {metric}"
+                        continue
                     assert 'instance=~"$instance"' in matchers, f"{panel['title']}: {metric} not filtered by instance"
                     has_model = 'model=~"$model"' in matchers
                     carries_model = exported_name(metric) not in UNLABELLED_BY_MODEL and not metric.startswith(
@@ -165,7 +179,9 @@ def test_variable_queries_read_exported_metrics(dashboards):
 def test_rate_windows_come_from_grafana_or_the_slo_window(dashboards):
     slo_window = yaml.safe_load((ROOT / "alerts/slo.yml").read_text())["window"]
     for name, board in dashboards.items():
-        allowed = ("$__interval", slo_window) if name in SERVICE_WIDE else ("$__rate_interval", "$__range")
+        allowed = ("$__rate_interval", "$__range")
+        if name in SERVICE_WIDE:
+            allowed = ("$__interval", slo_window, "$__rate_interval")  # the by-replica row reads now
         for panel in panels(board):
             for target in panel["targets"]:
                 windows = re.findall(r"\[([^\]]+)\]", target["expr"])
