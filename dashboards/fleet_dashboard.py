@@ -24,6 +24,11 @@ BLUE_OR_GREEN = 'proxy=~"blue|green"'
 SERVER_ERRORS = 'code="5xx"'
 
 
+def per_replica(title: str, description: str, expr: str, unit: str = "short", **options: object) -> dict:
+    """A line per replica (instance) of ``expr``, which keeps the ``instance`` label."""
+    return timeseries(title, description, [target(expr, "{{instance}}")], unit, min_value=0, **options)
+
+
 def replica_panels() -> list[dict]:
     return [
         row("Replicas side by side"),
@@ -35,45 +40,40 @@ def replica_panels() -> list[dict]:
             thresholds("red", 1, "green"),
             idle="no data",
         ),
-        timeseries(
+        per_replica(
             "Requests running, per replica",
             "Requests in each replica's running batch.",
-            [target(f"sum by (instance) ({series('vigil_num_requests_running')})", "{{instance}}")],
+            f"sum by (instance) ({series('vigil_num_requests_running')})",
             width=10,
-            min_value=0,
         ),
-        timeseries(
+        per_replica(
             "Requests waiting, per replica",
             "Requests in each replica's waiting queue: a queue on one replica while another has none means the "
             "balancer is not spreading the load.",
-            [target(f"sum by (instance) ({series('vigil_num_requests_waiting')})", "{{instance}}")],
+            f"sum by (instance) ({series('vigil_num_requests_waiting')})",
             width=10,
-            min_value=0,
         ),
-        timeseries(
+        per_replica(
             "KV cache usage, per replica",
             "Share of each replica's KV blocks in use; with the batch and the queue, what its agent check reports.",
-            [target(f"max by (instance) ({series('vigil_kv_cache_usage_ratio')})", "{{instance}}")],
+            f"max by (instance) ({series('vigil_kv_cache_usage_ratio')})",
             "percentunit",
             width=8,
-            min_value=0,
             max_value=1,
         ),
-        timeseries(
+        per_replica(
             "API requests per second, per replica",
             "Requests each replica answered.",
-            [target(f"sum by (instance) ({rate('vigil_http_requests_total', API_ROUTES)})", "{{instance}}")],
+            f"sum by (instance) ({rate('vigil_http_requests_total', API_ROUTES)})",
             "reqps",
             width=8,
-            min_value=0,
         ),
-        timeseries(
+        per_replica(
             "Time to first token P95, per replica",
             "A replica slower than the others is overloaded, throttled or on other hardware.",
-            [target(quantile(0.95, "vigil_time_to_first_token_seconds", by="instance"), "{{instance}}")],
+            quantile(0.95, "vigil_time_to_first_token_seconds", by="instance"),
             "s",
             width=8,
-            min_value=0,
         ),
     ]
 
