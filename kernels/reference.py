@@ -138,3 +138,28 @@ def rotary(
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def dequantize_int8(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """int8 ``[N, K]`` codes times fp32 ``[N, groups]`` scales, as fp32."""
+    return w.float() * scales.repeat_interleave(w.shape[1] // scales.shape[1], dim=1)
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, K / 2]`` in Q4_1's block layout (byte i of 32 features: feature i low, feature i + 16 high),
+    each code times its group's scale plus its group's min (fp32 ``[N, groups]`` both), as fp32."""
+    n = packed.shape[0]
+    blocks = packed.reshape(n, -1, 16)
+    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=2).reshape(n, -1).float()
+    group = codes.shape[1] // scales.shape[1]
+    return codes * scales.repeat_interleave(group, dim=1) + mins.repeat_interleave(group, dim=1)
+
+
+def int8_linear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x · Wᵀ`` for int8 W with group scales, in fp32, returned in x's dtype."""
+    return F.linear(x.float(), dequantize_int8(w, scales)).to(x.dtype)
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """``x · Wᵀ`` for packed int4 W with group scales and minimums, in fp32, returned in x's dtype."""
+    return F.linear(x.float(), dequantize_int4(packed, scales, mins)).to(x.dtype)

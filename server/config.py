@@ -18,6 +18,7 @@ def parse_bytes(text: str | int) -> int:
 
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("int8", "int4")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_queue_len: int = 1024
     enable_prefix_caching: bool = True
+    quantization: str | None = None
     stop_on_repetition: bool = False
     cache_dir: str | None = None
 
@@ -42,6 +44,8 @@ class EngineConfig:
         for name in ("dtype", "weight_dtype", "kv_cache_dtype"):
             if getattr(self, name) not in DTYPE_CHOICES:
                 raise ValueError(f"{name} must be auto, float32, bfloat16 or float16, not {getattr(self, name)!r}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {self.quantization!r}")
         if self.block_size not in (8, 16, 32):
             raise ValueError("block_size must be 8, 16 or 32")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -3,7 +3,7 @@
 import argparse
 import dataclasses
 
-from server.config import DTYPE_CHOICES, EngineConfig, parse_bytes
+from server.config import DTYPE_CHOICES, QUANTIZATIONS, EngineConfig, parse_bytes
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
     group.add_argument("--max-queue-len", type=int, default=defaults.max_queue_len)
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    group.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
+                       help="keep the weight matrices quantised, made at load time from any checkpoint: int8 (one "
+                            "scale per output channel) or int4 (one scale per 32 input features)")
     group.add_argument("--stop-on-repetition", action="store_true",
                        help="end a request whose output loops (finish_reason stop, stop_reason repetition)")
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")

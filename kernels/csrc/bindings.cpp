@@ -10,6 +10,8 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
 at::Tensor add_rms_norm_(at::Tensor hidden, at::Tensor delta, at::Tensor weight, double eps);
 void rotary_(at::Tensor q, at::Tensor k, at::Tensor positions, at::Tensor cos, at::Tensor sin);
 at::Tensor silu_mul(at::Tensor gate_up);
+at::Tensor int8_linear(at::Tensor x, at::Tensor w, at::Tensor scales);
+at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU)");
@@ -19,4 +21,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm_", &add_rms_norm_, "hidden += delta in place, then RMSNorm of hidden");
   m.def("rotary_", &rotary_, "Rotary embedding in place on q and k");
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up of a fused gate/up row");
+  m.def("int8_linear", &int8_linear, "x times int8 weights with group scales, transposed");
+  m.def("int4_linear", &int4_linear, "x times packed int4 weights with group scales and minimums, transposed");
 }

@@ -97,7 +97,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     weights = {name: w.to(device) for name, w in load_weights(folder, dtype).items()}
     weight_dtype = resolve_weight_dtype(config.weight_dtype, dtype, device)
     attention = select_attention_backend(device)
-    model = LlamaModel(model_config, weights, attention, select_layer_ops(device), device, weight_dtype)
+    model = LlamaModel(
+        model_config, weights, attention, select_layer_ops(device), device, weight_dtype, config.quantization
+    )
     del weights
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                         model_config.max_position_embeddings)
@@ -122,7 +124,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         ),
         block_manager,
     )
-    info = EngineInfo(attention.name, _dtype_name(dtype), _dtype_name(weight_dtype), str(device))
+    info = EngineInfo(attention.name, _dtype_name(dtype), _dtype_name(weight_dtype), str(device),
+                      config.quantization or "none", model.weight_bytes)
     return LLMEngine(config, model_config, tokenizer, scheduler, runner, cache_info, info, max_model_len)
 
 

@@ -28,6 +28,8 @@ class EngineInfo:
     dtype: str  # of activations, e.g. "float32"
     weight_dtype: str
     device: str
+    quantization: str  # "int8", "int4" or "none"
+    weight_bytes: int
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,31 @@
-"""The model's matrix products, with the weight matrices stored in the compute dtype or, on the CPU, in fp16.
+"""The model's matrix products, with the weight matrices stored in the compute dtype, on the CPU in fp16, or
+quantised to int8 or int4 (``--quantization``).
 
 fbgemm's fp16-weight GEMM widens each fp16 weight to fp32 in registers and multiplies and sums in fp32. It is
 the same arithmetic as an fp32 GEMM over the fp16-rounded weights, and it runs about twice as fast as MKL's
 fp32 GEMM on the skinny shapes of decoding (batch 64: 130-150 against 65-90 GFLOP/s on two AVX2 cores).
 """
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu, reference
+from server.models.quantization import QuantizedWeight, quantize
+
 
 class Linear(Protocol):
+    nbytes: int  # what the layer keeps of its weights
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 class DenseLinear:
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
+        self.nbytes = weight.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
@@ -28,9 +36,25 @@ class Fp16WeightLinear:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
+        self.nbytes = weight.numel() * torch.float16.itemsize
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+
+
+class QuantizedLinear:
+    """Activations in the compute dtype times weights kept quantised (server/models/quantization.py): the C++
+    kernels on the CPU, the torch oracle elsewhere."""
+
+    def __init__(self, weight: QuantizedWeight, kernel: Callable[..., torch.Tensor]) -> None:
+        self.weight = weight
+        self.kernel = kernel
+        self.nbytes = weight.nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        out = self.kernel(rows if rows.is_contiguous() else rows.contiguous(), *self.weight.tensors)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 class ChunkedLinear:
@@ -40,6 +64,7 @@ class ChunkedLinear:
 
     def __init__(self, parts: list[Linear]) -> None:
         self.parts = parts
+        self.nbytes = sum(part.nbytes for part in parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], dim=-1)
@@ -54,14 +79,26 @@ def fp16_weight_gemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
-def make_linear(weight: torch.Tensor, weight_dtype: torch.dtype) -> Linear:
-    """``weight_dtype`` is the compute dtype, or float16 under float32 compute on the CPU."""
+def make_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None = None) -> Linear:
+    """``weight_dtype`` is the compute dtype, or float16 under float32 compute on the CPU; ``quantization`` (int8
+    or int4) stores the weights quantised instead."""
     if weight.device.type == "cpu" and weight.shape[0] > CHUNKED_OUTPUT_FEATURES:
-        return ChunkedLinear([_single_linear(part, weight_dtype) for part in weight.split(OUTPUT_CHUNK)])
-    return _single_linear(weight, weight_dtype)
+        parts = weight.split(OUTPUT_CHUNK)
+        return ChunkedLinear([_single_linear(part, weight_dtype, quantization) for part in parts])
+    return _single_linear(weight, weight_dtype, quantization)
 
 
-def _single_linear(weight: torch.Tensor, weight_dtype: torch.dtype) -> Linear:
+def _quantized_kernel(method: str, weight: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The C++ kernel where it runs (the CPU, output features in fours, input features in blocks of 32), else
+    the torch oracle."""
+    fits = weight.shape[0] % 4 == 0 and weight.shape[1] % 32 == 0
+    compiled = cpu.load() if weight.device.type == "cpu" and fits else None
+    return getattr(compiled if compiled is not None else reference, f"{method}_linear")
+
+
+def _single_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None) -> Linear:
+    if quantization is not None:
+        return QuantizedLinear(quantize(weight, quantization), _quantized_kernel(quantization, weight))
     if weight_dtype == weight.dtype:
         return DenseLinear(weight)
     if weight_dtype == torch.float16 and weight.dtype == torch.float32 and weight.device.type == "cpu":

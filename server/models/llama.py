@@ -44,6 +44,7 @@ class LlamaModel:
         layer_ops: LayerOps,
         device: torch.device,
         weight_dtype: torch.dtype,
+        quantization: str | None = None,
     ) -> None:
         self.config = config
         self.attention = attention
@@ -54,23 +55,30 @@ class LlamaModel:
         self.weight_dtype = weight_dtype
         self.embed_tokens = embed_tokens.to(weight_dtype)
         self.norm = weights["model.norm.weight"]
-        self.lm_head = make_linear(weights.get("lm_head.weight", embed_tokens), weight_dtype)
-        self.layers = [self._layer_weights(weights, i, weight_dtype) for i in range(config.num_hidden_layers)]
+        self.quantization = quantization
+        self.lm_head = make_linear(weights.get("lm_head.weight", embed_tokens), weight_dtype, quantization)
+        self.layers = [self._layer_weights(weights, i, weight_dtype, quantization)
+                       for i in range(config.num_hidden_layers)]
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
 
     @staticmethod
-    def _layer_weights(weights: dict[str, torch.Tensor], index: int, weight_dtype: torch.dtype) -> LayerWeights:
+    def _layer_weights(
+        weights: dict[str, torch.Tensor], index: int, weight_dtype: torch.dtype, quantization: str | None
+    ) -> LayerWeights:
         prefix = f"model.layers.{index}."
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
         return LayerWeights(
             input_norm=weights[prefix + "input_layernorm.weight"],
-            qkv=make_linear(torch.cat([weights[attn + f"{n}_proj.weight"] for n in "qkv"]), weight_dtype),
-            o_proj=make_linear(weights[attn + "o_proj.weight"], weight_dtype),
+            qkv=make_linear(
+                torch.cat([weights[attn + f"{n}_proj.weight"] for n in "qkv"]), weight_dtype, quantization
+            ),
+            o_proj=make_linear(weights[attn + "o_proj.weight"], weight_dtype, quantization),
             post_attention_norm=weights[prefix + "post_attention_layernorm.weight"],
             gate_up=make_linear(
-                torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]), weight_dtype
+                torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]), weight_dtype,
+                quantization,
             ),
-            down=make_linear(weights[mlp + "down_proj.weight"], weight_dtype),
+            down=make_linear(weights[mlp + "down_proj.weight"], weight_dtype, quantization),
         )
 
     @torch.inference_mode()
@@ -95,6 +103,15 @@ class LlamaModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    @property
+    def weight_bytes(self) -> int:
+        """What the model keeps of its weights: the matrices as stored (quantised, fp16, ...), the embedding
+        table and the norms."""
+        matrices = [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o_proj, layer.gate_up,
+                                                                           layer.down)]
+        norms = [self.norm] + [n for layer in self.layers for n in (layer.input_norm, layer.post_attention_norm)]
+        return self.embed_tokens.nbytes + sum(m.nbytes for m in matrices) + sum(n.nbytes for n in norms)
 
     def _attention(
         self,

@@ -1,0 +1,208 @@
+// Weight-only quantised linear layers for the CPU: y = x · Wᵀ, with W stored as int8 (code * scale) or packed
+// int4 (code * scale + min) and a scale per group of input features (a group of K is one scale per output
+// channel; groups are multiples of 32). x is fp32 or bf16, [M, K]; y has
+// x's dtype, [M, N].
+//
+// A task owns 4 output features. It dequantises their weights (integer times group scale) into an fp32 buffer
+// that stays in L1, a slice of K at a time, then runs every row of x against them: 4 rows x 4 outputs of AVX2
+// accumulators, each weight loaded once per 4 rows. At batch 1 the step is bound by reading the weights, which
+// are a quarter (int8) or an eighth (int4) of their fp32 bytes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "simd_load.h"
+
+namespace {
+
+constexpr int64_t kOutputs = 4;   // output features per task
+constexpr int64_t kRows = 4;      // rows of x per register tile
+constexpr int64_t kSlice = 512;   // input features dequantised at a time: 4 x 512 fp32 = 8 KB
+constexpr int64_t kLanes = 8;
+
+constexpr int64_t kBlock = 32;   // input features per packing block; groups are whole blocks
+
+// Writes weights [k0, k1) of output row n, dequantised, to dst; k0 and k1 are multiples of kBlock (or K).
+struct Int8Rows {
+  const int8_t* w;
+  const float* scales;
+  int64_t K, groups, group_size;
+
+  void dequantise(int64_t n, int64_t k0, int64_t k1, float* dst) const {
+    const int8_t* row = w + n * K;
+    const float* row_scales = scales + n * groups;
+    for (int64_t k = k0; k < k1; k += kBlock) {
+      const float scale = row_scales[k / group_size];
+#ifdef VIGIL_AVX2
+      const __m256 s = _mm256_set1_ps(scale);
+      for (int64_t i = 0; i < kBlock; i += kLanes) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k + i));
+        _mm256_storeu_ps(dst + k - k0 + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s));
+      }
+#else
+      for (int64_t i = 0; i < kBlock; ++i) dst[k - k0 + i] = static_cast<float>(row[k + i]) * scale;
+#endif
+    }
+  }
+};
+
+// A block of 32 features in 16 bytes, as llama.cpp's Q4_1 lays it out: byte i holds feature i in its low nibble
+// and feature i + 16 in its high one, each a code in [0, 15] that stands for code * scale + min of its group.
+struct Int4Rows {
+  const uint8_t* w;
+  const float* scales;
+  const float* mins;
+  int64_t K, groups, group_size;
+
+  void dequantise(int64_t n, int64_t k0, int64_t k1, float* dst) const {
+    const uint8_t* row = w + n * (K / 2);
+    for (int64_t k = k0; k < k1; k += kBlock) {
+      const int64_t group = n * groups + k / group_size;
+      const float scale = scales[group], min = mins[group];
+      const uint8_t* bytes = row + k / 2;
+      float* out = dst + k - k0;
+#ifdef VIGIL_AVX2
+      const __m256 s = _mm256_set1_ps(scale), offset = _mm256_set1_ps(min);
+      const __m256i low = _mm256_set1_epi32(0x0F);
+      for (int64_t i = 0; i < kBlock / 2; i += kLanes) {
+        const __m256i packed = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + i)));
+        const __m256 first = _mm256_cvtepi32_ps(_mm256_and_si256(packed, low));
+        const __m256 second = _mm256_cvtepi32_ps(_mm256_srli_epi32(packed, 4));
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(first, s, offset));
+        _mm256_storeu_ps(out + kBlock / 2 + i, _mm256_fmadd_ps(second, s, offset));
+      }
+#else
+      for (int64_t i = 0; i < kBlock / 2; ++i) {
+        out[i] = static_cast<float>(bytes[i] & 0x0F) * scale + min;
+        out[kBlock / 2 + i] = static_cast<float>(bytes[i] >> 4) * scale + min;
+      }
+#endif
+    }
+  }
+};
+
+#ifdef VIGIL_AVX2
+inline float horizontal_sum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+#endif
+
+// acc[r][j] += dot(x row (m + r), weights of output j) over one slice; rows beyond M are skipped.
+template <typename T>
+void tile(const T* x, int64_t ldx, int64_t rows, const float* weights, int64_t len, float acc[kRows][kOutputs]) {
+#ifdef VIGIL_AVX2
+  if (rows == kRows && len % kLanes == 0) {
+    __m256 sums[kRows][kOutputs];
+    for (auto& row : sums)
+      for (auto& s : row) s = _mm256_setzero_ps();
+    for (int64_t k = 0; k < len; k += kLanes) {
+      __m256 w[kOutputs];
+      for (int64_t j = 0; j < kOutputs; ++j) w[j] = _mm256_loadu_ps(weights + j * kSlice + k);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const __m256 xv = vigil::load8(x + r * ldx + k);
+        for (int64_t j = 0; j < kOutputs; ++j) sums[r][j] = _mm256_fmadd_ps(xv, w[j], sums[r][j]);
+      }
+    }
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t j = 0; j < kOutputs; ++j) acc[r][j] += horizontal_sum(sums[r][j]);
+    return;
+  }
+  if (len % kLanes == 0) {
+    for (int64_t r = 0; r < rows; ++r) {
+      __m256 sums[kOutputs];
+      for (auto& s : sums) s = _mm256_setzero_ps();
+      for (int64_t k = 0; k < len; k += kLanes) {
+        const __m256 xv = vigil::load8(x + r * ldx + k);
+        for (int64_t j = 0; j < kOutputs; ++j)
+          sums[j] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(weights + j * kSlice + k), sums[j]);
+      }
+      for (int64_t j = 0; j < kOutputs; ++j) acc[r][j] += horizontal_sum(sums[j]);
+    }
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < kOutputs; ++j) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < len; ++k) sum += static_cast<float>(x[r * ldx + k]) * weights[j * kSlice + k];
+      acc[r][j] += sum;
+    }
+}
+
+template <typename T, typename Rows>
+void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
+  const T* xp = x.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  const int64_t ldx = x.stride(0);
+  at::parallel_for(0, N / kOutputs, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> weights(kOutputs * kSlice);
+    std::vector<float> out(M * kOutputs);
+    for (int64_t block = first; block < last; ++block) {
+      const int64_t n0 = block * kOutputs;
+      std::fill(out.begin(), out.end(), 0.f);
+      for (int64_t k0 = 0; k0 < K; k0 += kSlice) {
+        const int64_t k1 = std::min(K, k0 + kSlice);
+        for (int64_t j = 0; j < kOutputs; ++j) rows_of_w.dequantise(n0 + j, k0, k1, weights.data() + j * kSlice);
+        for (int64_t m = 0; m < M; m += kRows) {
+          float acc[kRows][kOutputs] = {};
+          const int64_t rows = std::min(kRows, M - m);
+          tile(xp + m * ldx + k0, ldx, rows, weights.data(), k1 - k0, acc);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < kOutputs; ++j) out[(m + r) * kOutputs + j] += acc[r][j];
+        }
+      }
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < kOutputs; ++j) yp[m * N + n0 + j] = static_cast<T>(out[m * kOutputs + j]);
+    }
+  });
+}
+
+template <typename Rows>
+at::Tensor quantised_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t N) {
+  auto y = at::empty({x.size(0), N}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    quantised_linear_into<at::BFloat16>(x, rows_of_w, y);
+  } else {
+    quantised_linear_into<float>(x, rows_of_w, y);
+  }
+  return y;
+}
+
+void check_inputs(const at::Tensor& x, const at::Tensor& scales, int64_t N, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == K, "x must be [tokens, ", K, "], contiguous rows");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be fp32 or bf16");
+  TORCH_CHECK(N % kOutputs == 0, "output features must be a multiple of ", kOutputs);
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.is_contiguous() &&
+              scales.scalar_type() == at::kFloat, "scales must be fp32 [N, groups], contiguous");
+  TORCH_CHECK(K % kBlock == 0 && K % scales.size(1) == 0 && (K / scales.size(1)) % kBlock == 0,
+              "input features and the group size must be multiples of ", kBlock);
+}
+
+}  // namespace
+
+at::Tensor int8_linear(at::Tensor x, at::Tensor w, at::Tensor scales) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kChar, "w must be int8 [N, K]");
+  const int64_t N = w.size(0), K = w.size(1);
+  check_inputs(x, scales, N, K);
+  const int64_t groups = scales.size(1);
+  return quantised_linear(x, Int8Rows{w.data_ptr<int8_t>(), scales.data_ptr<float>(), K, groups, K / groups}, N);
+}
+
+at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins) {
+  TORCH_CHECK(packed.dim() == 2 && packed.is_contiguous() && packed.scalar_type() == at::kByte,
+              "packed must be uint8 [N, K / 2]");
+  const int64_t N = packed.size(0), K = 2 * packed.size(1);
+  check_inputs(x, scales, N, K);
+  TORCH_CHECK(mins.sizes() == scales.sizes() && mins.is_contiguous() && mins.scalar_type() == at::kFloat,
+              "mins must be shaped like scales");
+  const int64_t groups = scales.size(1);
+  const Int4Rows rows{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(), mins.data_ptr<float>(), K, groups,
+                      K / groups};
+  return quantised_linear(x, rows, N);
+}

@@ -1,0 +1,79 @@
+"""Weight-only int8 and int4: the packing round-trips, the C++ kernels match their torch oracle on random shapes,
+and on the bundled model int8 costs under 1% of perplexity."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import cpu, reference
+from server.models.linear import QuantizedLinear, make_linear
+from server.models.quantization import dequantize, quantize
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    module = cpu.load()
+    assert module is not None, "the C++ kernels must build on this machine (g++ and ninja)"
+    return module
+
+
+@pytest.mark.parametrize(("method", "bound"), [("int8", 1 / 254), ("int4", 1 / 30)])
+def test_dequantised_weights_lie_within_half_a_step_of_the_originals(method, bound):
+    weight = torch.randn(24, 128, generator=torch.Generator().manual_seed(0))
+    error = (dequantize(quantize(weight, method)) - weight).abs()
+    # Half a quantisation step: of the row's range (int8, 254 steps) or of the group's (int4, 15 steps).
+    scale = weight.abs().amax(dim=1, keepdim=True) if method == "int8" else 2 * weight.abs().max()
+    assert bool((error <= bound * scale + 1e-6).all())
+
+
+def test_int4_reproduces_weights_already_on_a_four_bit_grid_exactly():
+    """The bundled model's weights come from a Q4_1 GGUF: each group of 32 already holds 16 levels at most."""
+    generator = torch.Generator().manual_seed(1)
+    scales, mins = torch.rand(8, 4, 1, generator=generator) + 0.1, torch.randn(8, 4, 1, generator=generator)
+    codes = torch.randint(0, 16, (8, 4, 32), generator=generator).float()
+    codes[..., 0], codes[..., 1] = 0, 15  # each group spans its whole range, as a quantiser leaves it
+    weight = (codes * scales + mins).reshape(8, 128)
+    assert torch.allclose(dequantize(quantize(weight, "int4")), weight, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    method=st.sampled_from(["int8", "int4"]),
+    rows=st.integers(1, 13),
+    outputs=st.sampled_from([4, 12, 64]),
+    inputs=st.sampled_from([32, 96, 576, 1088]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs, inputs, dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    weight = quantize(torch.randn(outputs, inputs, generator=generator), method)
+    x = torch.randn(rows, inputs, generator=generator).to(dtype)
+    expected = getattr(reference, f"{method}_linear")(x, *weight.tensors)
+    actual = getattr(compiled, f"{method}_linear")(x, *weight.tensors)
+    assert actual.dtype == dtype and actual.shape == (rows, outputs)
+    relative = float((actual.float() - expected.float()).abs().max() / expected.float().abs().max())
+    assert relative < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_shapes_the_cpp_kernel_cannot_take_run_on_the_oracle():
+    layer = make_linear(torch.randn(6, 40), torch.float32, "int8")  # 6 outputs: not in fours; 40: not in 32s
+    assert isinstance(layer, QuantizedLinear) and layer.kernel is reference.int8_linear
+    x = torch.randn(3, 40)
+    assert torch.allclose(layer(x), reference.int8_linear(x, *layer.weight.tensors))
+
+
+@pytest.mark.slow
+def test_int8_costs_the_bundled_model_under_one_percent_of_perplexity(smollm_folder):
+    from server import LLM
+    from server.bench.perplexity import text_perplexity
+
+    def measured(**kwargs) -> float:
+        return text_perplexity(LLM(model=str(smollm_folder), dtype="float32", kv_cache_memory=32 * 2**20,
+                                   **kwargs).engine)
+
+    baseline = measured()
+    int8 = measured(quantization="int8")
+    assert 3 < baseline < 50  # a sane model on plain English
+    assert abs(int8 - baseline) / baseline < 0.01, (int8, baseline)
