@@ -45,6 +45,27 @@ struct Int8Rows {
 #endif
     }
   }
+#ifdef VIGIL_AVX2
+  // totals[r] += the 32 features at k of output n times those of row r of x, scaled: for a batch of a few rows,
+  // straight from the codes, with no fp32 copy of the weights.
+  template <typename T>
+  void block_dot(int64_t n, int64_t k, const T* x, int64_t ldx, int64_t rows, __m256* totals) const {
+    const int8_t* codes = w + n * K + k;
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16));
+    const __m256 c[4] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0)),
+                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))),
+                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1)),
+                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8)))};
+    const __m256 scale = _mm256_set1_ps(scales[n * groups + k / group_size]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * ldx + k;
+      __m256 partial = _mm256_mul_ps(c[0], vigil::load8(xr));
+      for (int64_t i = 1; i < 4; ++i) partial = _mm256_fmadd_ps(c[i], vigil::load8(xr + 8 * i), partial);
+      totals[r] = _mm256_fmadd_ps(partial, scale, totals[r]);
+    }
+  }
+#endif
 };
 
 // A block of 32 features in 16 bytes, as llama.cpp's Q4_1 lays it out: byte i holds feature i in its low nibble
@@ -80,6 +101,31 @@ struct Int4Rows {
 #endif
     }
   }
+#ifdef VIGIL_AVX2
+  // As Int8Rows::block_dot; a group's minimum adds min * (the sum of x over the block).
+  template <typename T>
+  void block_dot(int64_t n, int64_t k, const T* x, int64_t ldx, int64_t rows, __m256* totals) const {
+    const uint8_t* bytes = w + n * (K / 2) + k / 2;
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8)));
+    const __m256 c[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, low)), _mm256_cvtepi32_ps(_mm256_and_si256(b1, low)),
+                         _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4))};
+    const int64_t group = n * groups + k / group_size;
+    const __m256 scale = _mm256_set1_ps(scales[group]), min = _mm256_set1_ps(mins[group]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * ldx + k;
+      const __m256 x0 = vigil::load8(xr);
+      __m256 partial = _mm256_mul_ps(c[0], x0), sum = x0;
+      for (int64_t i = 1; i < 4; ++i) {
+        const __m256 xi = vigil::load8(xr + 8 * i);
+        partial = _mm256_fmadd_ps(c[i], xi, partial);
+        sum = _mm256_add_ps(sum, xi);
+      }
+      totals[r] = _mm256_fmadd_ps(partial, scale, _mm256_fmadd_ps(sum, min, totals[r]));
+    }
+  }
+#endif
 };
 
 #ifdef VIGIL_AVX2
@@ -134,12 +180,34 @@ void tile(const T* x, int64_t ldx, int64_t rows, const float* weights, int64_t l
     }
 }
 
+#ifdef VIGIL_AVX2
+// Fewer rows than a register tile (decoding one to three sequences): each task reads its outputs' codes once,
+// straight into registers, and runs every row against them. Bound by reading the codes, as a decode step is.
+template <typename T, typename Rows>
+void few_rows_into(const T* xp, int64_t ldx, int64_t M, int64_t K, int64_t N, const Rows& rows_of_w, T* yp) {
+  at::parallel_for(0, N, kOutputs, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) {
+      __m256 totals[kRows];
+      for (auto& total : totals) total = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K; k += kBlock) rows_of_w.block_dot(n, k, xp, ldx, M, totals);
+      for (int64_t m = 0; m < M; ++m) yp[m * N + n] = static_cast<T>(horizontal_sum(totals[m]));
+    }
+  });
+}
+#endif
+
 template <typename T, typename Rows>
 void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
   const T* xp = x.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const int64_t ldx = x.stride(0);
+#ifdef VIGIL_AVX2
+  if (M < kRows) {
+    few_rows_into(xp, ldx, M, K, N, rows_of_w, yp);
+    return;
+  }
+#endif
   at::parallel_for(0, N / kOutputs, 1, [&](int64_t first, int64_t last) {
     std::vector<float> weights(kOutputs * kSlice);
     std::vector<float> out(M * kOutputs);
