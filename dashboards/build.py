@@ -255,6 +255,22 @@ def infrastructure() -> dict:
                 min_value=0,
             ),
             timeseries(
+                "Model weights memory",
+                "Memory the model's weights take as stored, per model, with the engine's weight format: a "
+                "quantised model (--quantization int8 or int4) keeps a quarter or an eighth of its fp32 bytes.",
+                [
+                    target(
+                        series("vigil_model_weight_bytes")
+                        + " * on(model, instance) group_left(quantization, weight_dtype, attention_backend) "
+                        + series("vigil_engine_config_info"),
+                        "{{model}} {{instance}}: {{quantization}} quantisation, {{weight_dtype}} weights, "
+                        "{{attention_backend}} attention",
+                    )
+                ],
+                "bytes",
+                min_value=0,
+            ),
+            timeseries(
                 "Hardware readings failed per minute",
                 "NVML or /proc readings that failed, by field (device, temperature, memory, utilization, power, "
                 "throttle, host_cpu, host_memory). A failed reading's series leaves its panel instead of freezing; "

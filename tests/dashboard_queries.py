@@ -12,6 +12,10 @@ import re
 from pathlib import Path
 
 import yaml
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
+
+from telemetry.metrics import VigilMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_DIR = ROOT / "dashboards"
@@ -20,66 +24,22 @@ RULE_DIR = ROOT / "alerts/rules"
 # alerts/slo.yml; watchdog.yml holds the heartbeat.
 RULE_FILES = {path.stem: path for path in sorted(RULE_DIR.glob("*.yml"))}
 
-# Every metric Vigil exports, by type (the names are fixed by the telemetry issue).
-VIGIL_METRICS = {
-    # infrastructure
-    "vigil_gpu_temperature_celsius": "gauge",
-    "vigil_gpu_memory_used_bytes": "gauge",
-    "vigil_gpu_memory_total_bytes": "gauge",
-    "vigil_gpu_utilization_ratio": "gauge",
-    "vigil_gpu_power_watts": "gauge",
-    "vigil_gpu_throttled": "gauge",
-    "vigil_gpu_count": "gauge",
-    "vigil_host_cpu_utilization_ratio": "gauge",
-    "vigil_host_memory_used_bytes": "gauge",
-    "vigil_host_memory_total_bytes": "gauge",
-    "vigil_hardware_sample_errors_total": "counter",
-    "vigil_hardware_last_success_timestamp_seconds": "gauge",
-    "vigil_kv_cache_memory_bytes": "gauge",
-    "vigil_kv_cache_config_info": "gauge",
-    # service
-    "vigil_http_requests_total": "counter",
-    "vigil_request_errors_total": "counter",
-    "vigil_request_duration_seconds": "histogram",
-    "vigil_time_to_first_token_seconds": "histogram",
-    "vigil_inter_token_latency_seconds": "histogram",
-    "vigil_request_queue_time_seconds": "histogram",
-    "vigil_request_prefill_time_seconds": "histogram",
-    "vigil_request_decode_time_seconds": "histogram",
-    "vigil_num_requests_running": "gauge",
-    "vigil_num_requests_waiting": "gauge",
-    "vigil_batch_size": "histogram",
-    "vigil_batch_tokens": "histogram",
-    "vigil_engine_step_duration_seconds": "histogram",
-    "vigil_kv_cache_usage_ratio": "gauge",
-    "vigil_kv_cache_blocks": "gauge",
-    "vigil_preemptions_total": "counter",
-    "vigil_prefix_cache_queries_total": "counter",
-    "vigil_prefix_cache_hits_total": "counter",
-    "vigil_engine_ready": "gauge",
-    # model
-    "vigil_prompt_tokens_total": "counter",
-    "vigil_generation_tokens_total": "counter",
-    "vigil_generation_throughput_tokens_per_second": "gauge",
-    "vigil_model_flops_total": "counter",
-    "vigil_matmul_peak_flops_per_second": "gauge",
-    "vigil_model_flops_utilization_ratio": "gauge",
-    "vigil_kv_cache_waste_ratio": "gauge",
-    "vigil_request_prompt_tokens": "histogram",
-    "vigil_request_generation_tokens": "histogram",
-    "vigil_request_decode_speed_tokens_per_second": "histogram",
-    "vigil_request_temperature": "histogram",
-    "vigil_request_top_p": "histogram",
-    "vigil_request_max_tokens": "histogram",
-    "vigil_request_finished_total": "counter",
-    "vigil_output_repetition_ratio": "histogram",
-    "vigil_output_anomalies_total": "counter",
-}
+
+
+def _exported_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every metric Vigil exports, as defined once in telemetry/metrics.py: name -> (type, label names)."""
+    metrics = VigilMetrics("m", CollectorRegistry())
+    exported = {}
+    for metric in vars(metrics).values():
+        if isinstance(metric, MetricWrapperBase):
+            suffix = "_total" if metric._type == "counter" else ""
+            exported[metric._name + suffix] = (metric._type, tuple(metric._labelnames))
+    return exported
+
+
+VIGIL_METRICS = {name: kind for name, (kind, _) in _exported_metrics().items()}
 # Metrics without a `model` label: dashboards filter them by instance only.
-UNLABELLED_BY_MODEL = {
-    name for name in VIGIL_METRICS if name.startswith(("vigil_gpu_", "vigil_host_", "vigil_hardware_"))
-}
-UNLABELLED_BY_MODEL |= {"vigil_http_requests_total", "vigil_request_errors_total"}
+UNLABELLED_BY_MODEL = {name for name, (_, labels) in _exported_metrics().items() if "model" not in labels}
 
 # What Prometheus and Alertmanager export about themselves and the rules read (tests/test_ops_stack_e2e.py
 # checks that the real binaries export them), and the series Prometheus itself writes.
