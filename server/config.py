@@ -101,6 +101,8 @@ class ServerConfig:
     shutdown_timeout: float = 30.0
     # HAProxy's agent check (server/api/agent_check.py) listens here when set.
     agent_port: int | None = None
+    # How tool calls are read out of the model's text (a name in server/api/tool_parsers), as vLLM's flag.
+    tool_call_parser: str = "hermes"
 
     def __post_init__(self) -> None:
         if not self.served_model_name:

@@ -3,6 +3,7 @@
 import argparse
 from pathlib import Path
 
+from server.api.tool_parsers import TOOL_PARSERS
 from server.config import JWTConfig, ServerConfig, TLSConfig, parse_bytes
 from telemetry.metrics import LATENCY_BUCKETS
 
@@ -30,6 +31,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--agent-port", type=int, default=None,
                        help="answer HAProxy's agent check on this TCP port: a weight from the queue and KV usage, "
                             "drain while draining, down while not ready (docs/fleet.md)")
+    group.add_argument("--tool-call-parser", default=defaults.tool_call_parser, choices=sorted(TOOL_PARSERS),
+                       help="the format the model writes tool calls in, for tool_choice auto")
     _add_auth_args(parser)
     _add_tls_args(parser)
 
@@ -123,5 +126,6 @@ def server_config_from_args(args: argparse.Namespace, environ: dict[str, str]) -
         max_connections=args.max_connections,
         tls=tls,
         shutdown_timeout=args.shutdown_timeout,
+        tool_call_parser=args.tool_call_parser,
         agent_port=args.agent_port,
     )

@@ -16,6 +16,7 @@ MAX_MODEL_LEN = 1024  # tests.api_server.FAST_ENGINE_ARGS
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +85,21 @@ BAD_COMPLETIONS = {
     "repetition_penalty 0": (completion(repetition_penalty=0.0), "repetition_penalty"),
     "repetition_penalty that would overflow the logits": (completion(repetition_penalty=1e-300), "repetition_penalty"),
     "seed beyond int64": (completion(seed=2**64), "seed"),
-    "echo is not supported": (completion(echo=True), "echo"),
-    "logprobs are not supported": (completion(logprobs=1), "logprobs"),
+    "suffix is not supported": (completion(suffix="x"), "suffix"),
     "too many prompts": (completion(prompt=["a"] * 65), "prompt"),
+    "logprobs above the bound": (completion(logprobs=21), "logprobs"),
+    "negative logprobs": (completion(logprobs=-1), "logprobs"),
+    "logit_bias token id == vocab size": (completion(logit_bias={str(VOCAB_SIZE): 1.0}), "logit_bias"),
+    "logit_bias negative token id": (completion(logit_bias={"-1": 1.0}), "logit_bias"),
+    "logit_bias key not a token id": (completion(logit_bias={"hello": 1.0}), "logit_bias"),
+    "logit_bias value above 100": (completion(logit_bias={"42": 101.0}), "logit_bias"),
+    "invalid regex": (completion(guided_regex="a(b"), "guided_regex"),
+    "invalid JSON schema": (completion(guided_json={"type": "wat"}), "guided_json"),
+    "JSON schema that is not JSON": (completion(guided_json="{not json"), "guided_json"),
+    "invalid grammar": (completion(guided_grammar="start: nowhere"), "guided_grammar"),
+    "empty choice list": (completion(guided_choice=[]), "guided_choice"),
+    "invalid structured_outputs regex": (completion(structured_outputs={"regex": "(("}), "structured_outputs"),
+    "two constraints at once": (completion(guided_regex="a+", guided_choice=["a"]), "guided_choice"),
 }
 
 WRONG_TYPES = {
@@ -107,9 +120,30 @@ BAD_CHATS = {
     "lone surrogate in content": (chat(messages=[{"role": "user", "content": "a\ud800b"}]), "messages"),
     "max_completion_tokens of the wrong type": (chat(max_completion_tokens="x"), "max_completion_tokens"),
     "max_completion_tokens 0": (chat(max_completion_tokens=0), "max_completion_tokens"),
-    "tools are not supported": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-    "json response_format is not supported": (chat(response_format={"type": "json_object"}), "response_format"),
+    "user message without content": (chat(messages=[{"role": "user"}]), "messages"),
+    "system message without content": (chat(messages=[{"role": "system"}, *OK_MESSAGES]), "messages"),
+    "user message with null content": (chat(messages=[{"role": "user", "content": None}]), "messages"),
+    "assistant message with neither content nor tool calls": (
+        chat(messages=[*OK_MESSAGES, {"role": "assistant"}, *OK_MESSAGES]), "messages"),
     "temperature below 0": (chat(temperature=-1), "temperature"),
+    "top_logprobs above the bound": (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    "top_logprobs without logprobs": (chat(top_logprobs=2), "top_logprobs"),
+    "logit_bias outside the vocabulary": (chat(logit_bias={str(VOCAB_SIZE + 7): -5}), "logit_bias"),
+    "json_schema without a schema": (chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+                                     "response_format"),
+    "invalid JSON schema": (chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": 5}}}), "response_format"),
+    "unknown response_format type": (chat(response_format={"type": "yaml"}), "response_format"),
+    "a tool without a function": (chat(tools=[{"type": "function"}]), "tools"),
+    "a tool name with spaces": (chat(tools=[{"type": "function", "function": {"name": "get weather"}}]), "tools"),
+    "tool_choice naming an unknown tool": (
+        chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+    "tool_choice required without tools": (chat(tool_choice="required"), "tool_choice"),
+    "tool with an invalid parameters schema": (
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}],
+             tool_choice="required"), "tools"),
+    "response_format and a forced tool call at once": (
+        chat(tools=[TOOL], tool_choice="required", response_format={"type": "json_object"}), "response_format"),
 }
 
 
@@ -209,6 +243,23 @@ def test_request_ids_are_echoed_or_made_up(http):
     made_up = http.get("/livez", headers={"x-request-id": "x" * 500}).headers["x-request-id"]
     assert made_up and made_up != "x" * 500
     assert http.post(COMPLETIONS, json=completion(max_tokens=0)).headers["x-request-id"]
+
+
+def test_a_schema_too_large_to_compile_quickly_is_refused_by_its_size(http):
+    # 30,000 patterned properties: about 2 MB, several seconds of compiling. Refused unread, with a 400.
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "[a-z]{3,7}[0-9]+"}
+                                               for i in range(30_000)}}
+    response = http.post(CHAT, json=chat(response_format={"type": "json_schema",
+                                                          "json_schema": {"name": "huge", "schema": schema}}))
+    assert "characters long" in assert_openai_error(response, 400, "response_format")["message"]
+
+
+def test_bad_tokenizer_requests_are_400(http):
+    assert_openai_error(http.post("/tokenize", json={"model": MODEL}), 400, "prompt")
+    assert_openai_error(http.post("/tokenize", json={"prompt": "a", "messages": OK_MESSAGES}), 400, "prompt")
+    assert_openai_error(http.post("/tokenize", json={"messages": [{"role": "user"}]}), 400, "messages")
+    assert_openai_error(http.post("/detokenize", json={"tokens": [VOCAB_SIZE]}), 400, "tokens")
+    assert_openai_error(http.post("/detokenize", json={"tokens": "abc"}), 400, "tokens")
 
 
 def test_the_server_is_healthy_with_every_block_free_after_all_that(server, http):

@@ -13,12 +13,13 @@ from tests.api_server import shared_server
 
 pytestmark = pytest.mark.server
 
-GENERATION = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions")]
+WITH_BODIES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
+               ("POST", "/detokenize")]
 # Nothing here takes a body or a typed parameter, so negative mode has nothing to break: positive only.
 READS = [("GET", "/v1/models"), ("GET", "/v1/models/{model}"), ("GET", "/livez"), ("GET", "/readyz"),
-         ("GET", "/health"), ("GET", "/metrics")]
-CASES = [(*op, GenerationMode.POSITIVE) for op in GENERATION + READS] + [
-    (*op, GenerationMode.NEGATIVE) for op in GENERATION
+         ("GET", "/health"), ("GET", "/metrics"), ("GET", "/version"), ("GET", "/tokenizer_info")]
+CASES = [(*op, GenerationMode.POSITIVE) for op in WITH_BODIES + READS] + [
+    (*op, GenerationMode.NEGATIVE) for op in WITH_BODIES
 ]
 MAX_EXAMPLES = 30
 # Keeps a generated valid request cheap on the CPU: the checks are about the HTTP layer, not long generations.
@@ -40,7 +41,7 @@ def schema(server):
 
 def test_every_operation_in_the_schema_is_fuzzed(schema):
     found = {(op.ok().method.upper(), op.ok().path) for op in schema.get_all_operations()}
-    assert found == set(GENERATION + READS)
+    assert found == set(WITH_BODIES + READS)
 
 
 def _cheapen(case) -> None:

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = {
     "kernels": ("server", "telemetry", "prometheus_client", "opentelemetry", "structlog", "fastapi"),
     "server/models": ("server.engine", "server.api", "telemetry", "prometheus_client", "opentelemetry", "structlog"),
-    "server/engine": ("server.api", "telemetry", "prometheus_client", "opentelemetry", "structlog", "fastapi"),
+    "server/engine": ("server.api", "telemetry", "prometheus_client", "opentelemetry", "structlog", "fastapi",
+                      "llguidance", "xgrammar"),
     "telemetry": ("server.api", "server.models", "fastapi"),
 }
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from server.api import chat, completions, health, models
+from server.api import chat, completions, health, models, tokenize
 from server.api.agent_check import serve_agent_check
 from server.api.auth.api_keys import APIKeys
 from server.api.auth.authenticator import Authenticator
@@ -25,6 +25,8 @@ from server.api.middleware import (
 from server.api.rate_limits import RateLimiter
 from server.api.readiness import ReadinessProbe, keep_reporting
 from server.api.state import ServerState
+from server.api.structured_output import GrammarCompiler
+from server.api.tool_parsers import TOOL_PARSERS
 from server.config import ServerConfig
 from server.engine.async_engine import AsyncEngine
 from telemetry.http_metrics import HttpMetricsMiddleware
@@ -62,6 +64,7 @@ def create_app(
     readiness = ReadinessProbe(engine, lifecycle, telemetry.report_status if telemetry is not None else None)
     authenticator = authenticator_for(config)
     tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="vigil-tokenizer")
+    grammars = GrammarCompiler(engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,6 +88,7 @@ def create_app(
             engine.stop()
             await asyncio.to_thread(engine.join, ENGINE_JOIN_TIMEOUT_S)
             tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+            grammars.shutdown()
 
     app = FastAPI(
         title="Vigil",
@@ -102,11 +106,14 @@ def create_app(
         readiness=readiness,
         metrics_exposition=telemetry.exposition if telemetry is not None else health.default_metrics_exposition,
         tokenizer_pool=tokenizer_pool,
+        grammars=grammars,
+        tool_parser=TOOL_PARSERS[config.tool_call_parser](),
         authenticated=authenticator.enabled,
         telemetry=telemetry,
     )
     install_error_handlers(app)
-    routers = (completions.router, chat.router, models.router, health.probes, health.guarded, _openapi)
+    routers = (completions.router, chat.router, tokenize.router, models.router, health.probes, health.guarded,
+               _openapi)
     for router in routers:
         app.include_router(router)
     # add_middleware puts each new one outermost: this reads innermost first.

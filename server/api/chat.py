@@ -1,12 +1,13 @@
-"""POST /v1/chat/completions: messages through the model's chat template, then generation."""
+"""POST /v1/chat/completions: messages (and tools) through the model's chat template, then generation; the
+answer's content, tool calls and logprobs in OpenAI's shapes."""
 
 import time
 from collections.abc import AsyncIterator
 
-import jinja2
 from fastapi import APIRouter, Request
 
 from server.api.auth import RateLimitedCaller
+from server.api.chat_prompt import render_chat
 from server.api.errors import invalid_request
 from server.api.generation import (
     GenerationRun,
@@ -16,9 +17,10 @@ from server.api.generation import (
     fan_out,
     in_tokenizer_pool,
     new_id,
-    reject_unsupported,
     respond,
 )
+from server.api.grammar_spec import GrammarSpec, requested_grammar
+from server.api.logprobs import chat_logprobs
 from server.api.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -31,6 +33,9 @@ from server.api.protocol import (
 from server.api.responses import ERROR_RESPONSES, STREAM_RESPONSE
 from server.api.sse import event
 from server.api.state import State
+from server.api.structured_output import compile_grammar
+from server.api.tool_calls import ToolCallDeltas, ToolPlan, as_tool_calls, finish_reason, read_message, tool_plan
+from server.api.tool_parsers import ToolParser
 from server.engine.request import CompletionOutput
 from server.models.tokenizer import Tokenizer
 
@@ -44,47 +49,74 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, state: State, caller: RateLimitedCaller
 ):
     check_model(state, body.model)
-    reject_unsupported(body.unsupported_field())
-    engine = state.engine
-    prompt = await in_tokenizer_pool(state, _render, engine.tokenizer, [m.as_template_input() for m in body.messages])
+    if body.top_logprobs and not body.logprobs:
+        raise invalid_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    plan = tool_plan(body)
+    grammar = await compile_grammar(state.grammars, _one_grammar(requested_grammar(body), plan))
+    engine, parser = state.engine, state.tool_parser
+    prompt = await in_tokenizer_pool(state, render_chat, engine.tokenizer, body.messages, plan.offered, parser)
     generation = await in_tokenizer_pool(
         state, fan_out, engine, new_id("chatcmpl"), [prompt], body.sampling_params(body.output_limit),
         body.num_choices, lambda text: engine.tokenizer.encode(text, add_special_tokens=False),
-        cache_salt_for(state, caller, body.cache_salt),
+        cache_salt_for(state, caller, body.cache_salt), grammar.new_constraint if grammar else None,
     )
     run = await admit(state, caller, generation, "chat", request.headers)
     model = state.config.served_model_name
 
     def build(finals: list[CompletionOutput]) -> ChatCompletionResponse:
-        choices = [
-            ChatChoice(index=i, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
-                       stop_reason=o.stop_reason)
-            for i, o in enumerate(finals)
-        ]
-        return ChatCompletionResponse(id=generation.id, model=model, choices=choices, usage=run.usage())
+        return ChatCompletionResponse(id=generation.id, model=model, usage=run.usage(), choices=[
+            _choice(i, o, plan, parser, engine.tokenizer) for i, o in enumerate(finals)
+        ])
 
-    return await respond(run, request, body.stream, lambda: _events(run, model, body.include_usage), build)
+    def events() -> AsyncIterator[bytes]:
+        return _events(run, model, body.include_usage, plan, parser, engine.tokenizer)
 
-
-def _render(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> str:
-    try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except (jinja2.TemplateError, ValueError, TypeError) as error:
-        raise invalid_request(f"the chat template cannot render these messages: {error}", param="messages") from None
+    return await respond(run, request, body.stream, events, build)
 
 
-async def _events(run: GenerationRun, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+def _one_grammar(requested: GrammarSpec | None, plan: ToolPlan) -> GrammarSpec | None:
+    forced = plan.grammar()
+    if requested is not None and forced is not None:
+        raise invalid_request(f"{requested.param} cannot be combined with tool_choice {plan.mode}",
+                              param=requested.param)
+    return requested or forced
+
+
+def _choice(index: int, output: CompletionOutput, plan: ToolPlan, parser: ToolParser,
+            tokenizer: Tokenizer) -> ChatChoice:
+    parsed = read_message(plan, parser, output.text)
+    calls = as_tool_calls(parsed.tool_calls)
+    content = parsed.content if parsed.content.strip() or not calls else None
+    return ChatChoice(
+        index=index,
+        message=AssistantMessage(content=content, tool_calls=calls),
+        logprobs=chat_logprobs(tokenizer, output.logprobs) if output.logprobs is not None else None,
+        finish_reason=finish_reason(output.finish_reason, bool(calls)),
+        stop_reason=output.stop_reason,
+    )
+
+
+async def _events(run: GenerationRun, model: str, include_usage: bool, plan: ToolPlan, parser: ToolParser,
+                  tokenizer: Tokenizer) -> AsyncIterator[bytes]:
     generation_id, created = run.generation.id, int(time.time())
 
     def chunk(choices: list[ChatChunkChoice], **extra: object) -> bytes:
         return event(ChatCompletionChunk(id=generation_id, created=created, model=model, choices=choices, **extra))
 
+    calls = [ToolCallDeltas(plan, parser) for _ in run.generation.requests]
     for index in range(len(run.generation.requests)):
         yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
     async for index, output in run.outputs():
-        if output.delta_text or output.finish_reason is not None:
-            delta = DeltaMessage(content=output.delta_text) if output.delta_text else DeltaMessage()
-            yield chunk([ChatChunkChoice(index=index, delta=delta, finish_reason=output.finish_reason,
+        content, tool_calls = calls[index].feed(output.delta_text)
+        reason = output.finish_reason
+        if reason is not None:
+            rest, more_calls = calls[index].finish()
+            content, tool_calls = content + rest, tool_calls + more_calls
+            reason = finish_reason(reason, calls[index].num_calls > 0)
+        logprobs = chat_logprobs(tokenizer, output.delta_logprobs) if output.delta_logprobs else None
+        if content or tool_calls or logprobs is not None or reason is not None:
+            delta = DeltaMessage(content=content or None, tool_calls=tool_calls or None)
+            yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=reason,
                                          stop_reason=output.stop_reason)])
     if include_usage:
         yield chunk([], usage=run.usage())

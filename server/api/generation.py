@@ -20,7 +20,8 @@ from server.api.rate_limits import TokenReservation
 from server.api.sse import DONE, EventStreamResponse, error_event
 from server.api.state import ServerState
 from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError, OutputStream
-from server.engine.request import CompletionOutput, QueueFullError, Request, SamplingParams
+from server.engine.constraint import TokenConstraint
+from server.engine.request import CompletionOutput, QueueFullError, Request, SamplingParams, TokenLogprob
 from server.http_status import CLIENT_CLOSED_REQUEST
 from telemetry.service import Telemetry
 
@@ -79,8 +80,10 @@ def fan_out(
     n: int,
     encode: Callable[[str], list[int]],
     cache_salt: str = "",
+    constrain: Callable[[], TokenConstraint] | None = None,
 ) -> Generation:
-    """Tokenize and validate (raises InvalidRequestError). Blocking: run it off the event loop."""
+    """Tokenize and validate (raises InvalidRequestError). Blocking: run it off the event loop. ``constrain``
+    makes each choice's own structured-output constraint."""
     if not prompts:
         raise invalid_request("the prompt is empty", param="prompt")
     if len(prompts) * n > MAX_CHOICES:
@@ -94,7 +97,9 @@ def fan_out(
         for choice in range(n):
             seeded = params if params.seed is None else replace(params, seed=params.seed + choice)
             request_id = f"{generation_id}-{prompt_index * n + choice}"
-            requests.append(engine.make_request(request_id, token_ids, seeded, cache_salt=cache_salt))
+            constraint = constrain() if constrain is not None else None
+            requests.append(engine.make_request(request_id, token_ids, seeded, cache_salt=cache_salt,
+                                                constraint=constraint))
         num_prompt_tokens += len(token_ids)
     choice_of = {request.request_id: index for index, request in enumerate(requests)}
     return Generation(generation_id, requests, num_prompt_tokens, choice_of)
@@ -117,6 +122,8 @@ class GenerationRun:
         self._reservation = reservation
         self._telemetry = telemetry
         self._completion_tokens = [0] * len(generation.requests)
+        # Per choice, once its first output has come: its prompt's logprobs, where the request asked for them.
+        self.prompt_logprobs: list[list[TokenLogprob | None] | None] = [None] * len(generation.requests)
         self._unfinished = len(generation.requests)
         self._failed = False
         self._closed = False
@@ -127,6 +134,7 @@ class GenerationRun:
             async for output in self._stream:
                 index = self.generation.choice_of[output.request_id]
                 completion = output.outputs[0]
+                self.prompt_logprobs[index] = output.prompt_logprobs
                 self._completion_tokens[index] = len(completion.token_ids)
                 self._unfinished -= completion.finish_reason is not None
                 yield index, completion

@@ -3,9 +3,10 @@
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from server.engine.request import (
+    MAX_LOGPROBS,
     MAX_STOP_SEQUENCES,
     MAX_STOP_TOKEN_IDS,
     PENALTY_BOUNDS,
@@ -19,6 +20,8 @@ MAX_CHOICES = 64
 MAX_STOP_LENGTH = 256
 MAX_MESSAGES = 1024
 MAX_CACHE_SALT_LENGTH = 256
+MAX_GUIDED_CHOICES = 1024
+MAX_TOOLS = 128
 
 
 def _encodable(value: str) -> str:
@@ -29,9 +32,18 @@ def _encodable(value: str) -> str:
     return value
 
 
+def _token_id_keys(bias: dict[str, float]) -> dict[int, float]:
+    try:
+        return {int(token_id): value for token_id, value in bias.items()}
+    except ValueError:
+        raise ValueError("keys must be token ids, written as decimal strings") from None
+
+
 Text = Annotated[str, AfterValidator(_encodable)]
 StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 TokenIds = list[int]
+LogitBias = Annotated[dict[str, float], AfterValidator(_token_id_keys)]
+JSONObject = dict[str, Any]
 
 
 class RequestModel(BaseModel):
@@ -42,6 +54,34 @@ class RequestModel(BaseModel):
 
 class StreamOptions(RequestModel):
     include_usage: bool | None = False
+
+
+class StructuredOutputs(RequestModel):
+    """vLLM's ``structured_outputs``: one of these constrains the output."""
+
+    json_: JSONObject | Text | None = Field(default=None, alias="json")
+    regex: Text | None = None
+    choice: Annotated[list[Text], Field(min_length=1, max_length=MAX_GUIDED_CHOICES)] | None = None
+    grammar: Text | None = None
+    json_object: bool | None = None
+
+
+class JSONSchemaFormat(RequestModel):
+    name: Annotated[Text, Field(max_length=64)] = "response"
+    description: Text | None = None
+    schema_: JSONObject | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("type json_schema needs json_schema.schema")
+        return self
 
 
 class SamplingRequest(RequestModel):
@@ -66,6 +106,14 @@ class SamplingRequest(RequestModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     cache_salt: Annotated[Text, Field(max_length=MAX_CACHE_SALT_LENGTH)] | None = None
+    logit_bias: LogitBias | None = None
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: JSONObject | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: Annotated[list[Text], Field(min_length=1, max_length=MAX_GUIDED_CHOICES)] | None = None
+    guided_grammar: Text | None = None
 
     @property
     def num_choices(self) -> int:
@@ -74,6 +122,11 @@ class SamplingRequest(RequestModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """How many top alternatives to return per token; None: no logprobs."""
+        return None
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -89,6 +142,8 @@ class SamplingRequest(RequestModel):
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos),
+            logprobs=self.num_logprobs,
+            logit_bias=dict(self.logit_bias or {}),
         )
 
 
@@ -100,11 +155,22 @@ class CompletionRequest(SamplingRequest):
         | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
     )
     max_tokens: int | None = Field(default=16, ge=1)
-    # Accepted only at their defaults: Vigil does not compute these.
     echo: bool | None = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # Accepted only at their defaults: Vigil does not compute these.
     suffix: Text | None = None
     best_of: int | None = None
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        """With ``echo`` and ``logprobs``, the prompt's logprobs too (vLLM's prompt_logprobs)."""
+        params = super().sampling_params(max_tokens)
+        if self.echo and self.logprobs is not None:
+            params.prompt_logprobs = self.logprobs
+        return params
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
@@ -115,10 +181,6 @@ class CompletionRequest(SamplingRequest):
         return list(self.prompt)
 
     def unsupported_field(self) -> str | None:
-        if self.echo:
-            return "echo"
-        if self.logprobs is not None:
-            return "logprobs"
         if self.suffix:
             return "suffix"
         if self.best_of is not None and self.best_of != self.num_choices:
@@ -131,48 +193,75 @@ class TextPart(RequestModel):
     text: Text
 
 
+class FunctionCall(RequestModel):
+    name: Text
+    arguments: Text  # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(RequestModel):
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
     name: Text | None = None
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: Text | None = None
 
-    def as_template_input(self) -> dict[str, str]:
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        message = {"role": self.role, "content": content or ""}
-        if self.name:
-            message["name"] = self.name
-        return message
+    @model_validator(mode="after")
+    def _has_content(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            needs = "content or tool_calls" if self.role == "assistant" else "content"
+            raise ValueError(f"a {self.role} message needs {needs}")
+        return self
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
 
 
-class ResponseFormat(RequestModel):
-    type: Literal["text", "json_object", "json_schema"]
+class FunctionDefinition(RequestModel):
+    name: Annotated[Text, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: Text | None = None
+    parameters: JSONObject | None = None
+    strict: bool | None = None
+
+
+class Tool(RequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestModel):
+    name: Text
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    # Accepted only at their defaults: Vigil does not compute these.
     logprobs: bool | None = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: ResponseFormat | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
 
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def unsupported_field(self) -> str | None:
-        if self.logprobs:
-            return "logprobs"
-        if self.top_logprobs:
-            return "top_logprobs"
-        if self.tools:
-            return "tools"
-        if self.response_format is not None and self.response_format.type != "text":
-            return "response_format"
-        return None
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # --- responses ------------------------------------------------------------------------------------------
@@ -188,10 +277,21 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """The completions API's logprobs: parallel lists, one entry per token; ``top_logprobs`` maps token text to
+    logprob for the most likely tokens and the chosen one. A prompt's first token has None (nothing predicts
+    it)."""
+
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -205,15 +305,49 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def _is_empty(value: list) -> bool:
+    return not value
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list, exclude_if=_is_empty)
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -227,21 +361,32 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
-def _is_none(value: object) -> bool:
-    return value is None
+class DeltaFunctionCall(BaseModel):
+    name: str | None = Field(default=None, exclude_if=_is_none)
+    arguments: str | None = Field(default=None, exclude_if=_is_none)
+
+
+class DeltaToolCall(BaseModel):
+    """A tool call's first delta carries its ``id``, ``type`` and name; later ones more of its arguments."""
+
+    index: int
+    id: str | None = Field(default=None, exclude_if=_is_none)
+    type: Literal["function"] | None = Field(default=None, exclude_if=_is_none)
+    function: DeltaFunctionCall
 
 
 class DeltaMessage(BaseModel):
-    """Only what changed: the role in a choice's first chunk, then content."""
+    """Only what changed: the role in a choice's first chunk, then content or tool calls."""
 
     role: Literal["assistant"] | None = Field(default=None, exclude_if=_is_none)
     content: str | None = Field(default=None, exclude_if=_is_none)
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=_is_none)
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -266,6 +411,49 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeRequest(RequestModel):
+    """vLLM's /tokenize: a ``prompt``, or chat ``messages`` rendered through the chat template."""
+
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages (the template has them)
+    add_generation_prompt: bool | None = True
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    return_token_strs: bool | None = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(RequestModel):
+    model: Text | None = None
+    tokens: TokenIds
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    """vLLM's /tokenizer_info, which lm-evaluation-harness reads to tokenize through the server."""
+
+    tokenizer_class: str = "PreTrainedTokenizerFast"
+    bos_token: str | None
+    eos_token: str | None
+    pad_token: str | None = None
+    chat_template: str | None
+    model_max_length: int
+
+
+class VersionInfo(BaseModel):
+    version: str
 
 
 class ErrorDetail(BaseModel):

@@ -11,6 +11,8 @@ from fastapi import Depends, Request
 from server.api.lifecycle import Lifecycle
 from server.api.rate_limits import RateLimiter
 from server.api.readiness import ReadinessProbe
+from server.api.structured_output import GrammarCompiler
+from server.api.tool_parsers import ToolParser
 from server.config import ServerConfig
 from server.engine.async_engine import AsyncEngine
 from telemetry.service import Telemetry
@@ -28,6 +30,8 @@ class ServerState:
     readiness: ReadinessProbe
     metrics_exposition: MetricsExposition
     tokenizer_pool: ThreadPoolExecutor
+    grammars: GrammarCompiler
+    tool_parser: ToolParser
     authenticated: bool = False
     telemetry: "Telemetry | None" = None
     started_at: int = field(default_factory=lambda: int(time.time()))

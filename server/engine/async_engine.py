@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from server.engine.constraint import TokenConstraint
 from server.engine.engine import LLMEngine
 from server.engine.request import Request, RequestOutput, SamplingParams
 from server.models.tokenizer import Tokenizer
@@ -143,11 +144,25 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self._built().max_model_len
 
+    @property
+    def vocab_size(self) -> int:
+        """The width of the model's logits (token ids lie below it)."""
+        return self._built().vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._built().eos_token_ids
+
     def make_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, cache_salt: str = ""
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        cache_salt: str = "",
+        constraint: TokenConstraint | None = None,
     ) -> Request:
         """Validate and tokenize (raises InvalidRequestError). Thread-safe: call it off the event loop."""
-        return self._built().make_request(request_id, prompt, params, cache_salt=cache_salt)
+        return self._built().make_request(request_id, prompt, params, cache_salt=cache_salt, constraint=constraint)
 
     def check_prompt_length(self, text: str) -> None:
         """Raises InvalidRequestError for a text too long to fit the context, before any tokenizing."""

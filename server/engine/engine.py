@@ -5,8 +5,9 @@ import time
 from collections.abc import Callable
 
 from server.config import EngineConfig
+from server.engine.constraint import TokenConstraint
 from server.engine.flops import ModelFlops
-from server.engine.model_runner import ModelRunner
+from server.engine.model_runner import ModelRunner, ModelRunnerOutput
 from server.engine.output_processor import OutputProcessor
 from server.engine.repetition import RepetitionDetector
 from server.engine.request import InvalidRequestError, Request, RequestOutput, RequestStatus, SamplingParams
@@ -87,6 +88,7 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         cache_salt: str = "",
+        constraint: TokenConstraint | None = None,
     ) -> Request:
         """Validate and tokenize; raises InvalidRequestError naming the offending parameter. A text prompt too
         long to fit is refused by its length alone, before any tokenizing."""
@@ -121,6 +123,7 @@ class LLMEngine:
             prompt=prompt if isinstance(prompt, str) else None,
             repetition=RepetitionDetector() if self.config.stop_on_repetition else None,
             cache_salt=cache_salt,
+            constraint=constraint,
         )
         if arrival_time is not None:
             request.times.arrival = arrival_time
@@ -147,8 +150,9 @@ class LLMEngine:
         received: list[Request] = []
         inter_token_latencies: list[float] = []
         if not scheduled.is_empty:
-            sampled = self.runner.execute(scheduled)
-            received = self.scheduler.update_from_output(scheduled, sampled)
+            ran = self.runner.execute(scheduled)
+            self._record_logprobs(scheduled, ran)
+            received = self.scheduler.update_from_output(scheduled, ran.sampled)
             inter_token_latencies = self._stamp_tokens(received)
             outputs = [self._process(request) for request in received]
         if self.stats_listeners and (not scheduled.is_empty or self._pending_finished):
@@ -158,6 +162,13 @@ class LLMEngine:
         self._pending_events.clear()
         self._pending_finished.clear()
         return outputs
+
+    def _record_logprobs(self, scheduled: SchedulerOutput, ran: ModelRunnerOutput) -> None:
+        for request_id, found in ran.prompt_logprobs.items():
+            self.output_processor.add_prompt_logprobs(request_id, found.first_position, found.entries)
+        for item, entry in zip(scheduled.scheduled, ran.logprobs, strict=True):
+            if entry is not None:
+                self.output_processor.add_logprobs(item.request.request_id, entry)
 
     def _stamp_tokens(self, received: list[Request]) -> list[float]:
         """Record token times; returns this step's inter-token latencies."""

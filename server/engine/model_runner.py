@@ -1,10 +1,14 @@
 """Builds the paged batch for a step (positions, slots, block tables), runs the model and samples."""
 
+from dataclasses import dataclass, field
+
 import torch
 
 from kernels.backend import AttentionBatch, AttentionMetadata
+from server.engine.logprobs import gather_logprobs
+from server.engine.request import TokenLogprob
 from server.engine.sampler import Sampler
-from server.engine.scheduler import SchedulerOutput
+from server.engine.scheduler import ScheduledRequest, SchedulerOutput
 from server.models.config import ModelConfig
 from server.models.llama import LlamaModel
 
@@ -13,6 +17,28 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype)
     """K and V, every layer, one block."""
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     return per_token * block_size * dtype.itemsize
+
+
+# Prompt logprobs need the whole vocabulary's logits at every prompt position: this many positions at a time.
+PROMPT_LOGPROBS_ROWS = 256
+
+
+@dataclass
+class PromptLogprobs:
+    """Logprobs of a request's prompt tokens ``first_position`` onwards, computed in this step."""
+
+    first_position: int
+    entries: list[TokenLogprob]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per scheduled request, in order: its sampled token (None if it is not up to date yet) and that token's
+    logprobs (None unless asked); and, by request id, the prompt logprobs this step computed."""
+
+    sampled: list[int | None]
+    logprobs: list[TokenLogprob | None]
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -35,16 +61,49 @@ class ModelRunner:
         ]
         self.sampler = Sampler()
 
-    def execute(self, output: SchedulerOutput) -> list[int | None]:
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """One forward pass; a sampled token for each scheduled request that is now up to date, else None."""
         input_ids, positions, meta, sample_rows = self._prepare(output)
         hidden = self.model.forward(input_ids, positions, self.kv_caches, meta)
+        prompt_logprobs = self._prompt_logprobs(output, hidden)
         sampling = [s.request for s in output.scheduled if s.samples]
         if not sampling:
-            return [None] * len(output.scheduled)
-        logits = self.model.compute_logits(hidden[sample_rows])
-        tokens = iter(self.sampler.sample(logits, sampling))
-        return [next(tokens) if s.samples else None for s in output.scheduled]
+            none = [None] * len(output.scheduled)
+            return ModelRunnerOutput(none, list(none), prompt_logprobs)
+        sampled = self.sampler.sample(self.model.compute_logits(hidden[sample_rows]), sampling)
+        tokens, logprobs = iter(sampled.tokens), iter(sampled.logprobs)
+        return ModelRunnerOutput(
+            [next(tokens) if s.samples else None for s in output.scheduled],
+            [next(logprobs) if s.samples else None for s in output.scheduled],
+            prompt_logprobs,
+        )
+
+    def _prompt_logprobs(self, output: SchedulerOutput, hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
+        """For the requests that asked: each prompt token this step's rows predict (the row at position ``p``
+        predicts the token at ``p + 1``), under the model's own distribution."""
+        found: dict[str, PromptLogprobs] = {}
+        row = 0
+        for item in output.scheduled:
+            num_top = item.request.sampling_params.prompt_logprobs
+            positions = _predicted_prompt_positions(item)
+            if num_top is not None and positions:
+                first_row = row + positions[0] - 1 - item.start
+                targets = [item.request.prompt_token_ids[p] for p in positions]
+                found[item.request.request_id] = PromptLogprobs(
+                    positions[0], self._gather(hidden, first_row, targets, num_top)
+                )
+            row += item.num_new_tokens
+        return found
+
+    def _gather(self, hidden: torch.Tensor, first_row: int, targets: list[int], num_top: int) -> list[TokenLogprob]:
+        entries: list[TokenLogprob] = []
+        for offset in range(0, len(targets), PROMPT_LOGPROBS_ROWS):
+            chunk = targets[offset : offset + PROMPT_LOGPROBS_ROWS]
+            start = first_row + offset
+            logits = self.model.compute_logits(hidden[start : start + len(chunk)])
+            token_ids = torch.tensor(chunk, dtype=torch.long, device=logits.device)
+            entries += gather_logprobs(logits, token_ids, [num_top] * len(chunk))
+        return entries
 
     def _prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Token ids, positions, attention metadata and the rows to sample, built once for the whole step."""
@@ -84,3 +143,9 @@ class ModelRunner:
             self.model.attention.prepare(batch),
             torch.tensor(sample_rows, dtype=torch.long, device=device),
         )
+
+
+def _predicted_prompt_positions(item: ScheduledRequest) -> list[int]:
+    """The prompt positions (from 1) whose token this step's rows predict."""
+    last = min(item.start + item.num_new_tokens, item.request.num_prompt_tokens - 1)
+    return list(range(item.start + 1, last + 1))

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from server.engine.request import CompletionOutput, Request, RequestOutput
+from server.engine.request import CompletionOutput, Request, RequestOutput, TokenLogprob
 from server.models.detokenizer import IncrementalDetokenizer
 from server.models.tokenizer import Tokenizer
 
@@ -13,6 +13,8 @@ class _TextState:
     text: str = ""
     emitted_chars: int = 0
     emitted_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token so far, when asked
 
 
 class OutputProcessor:
@@ -24,10 +26,28 @@ class OutputProcessor:
         detokenizer = IncrementalDetokenizer(
             self.tokenizer, request.prompt_token_ids, request.sampling_params.skip_special_tokens
         )
-        self._states[request.request_id] = _TextState(detokenizer)
+        params = request.sampling_params
+        self._states[request.request_id] = _TextState(
+            detokenizer,
+            logprobs=[] if params.logprobs is not None else None,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+        )
 
     def remove_request(self, request_id: str) -> None:
         self._states.pop(request_id, None)
+
+    def add_logprobs(self, request_id: str, entry: TokenLogprob) -> None:
+        """The logprobs of the request's newest output token."""
+        state = self._states.get(request_id)
+        if state is not None and state.logprobs is not None:
+            state.logprobs.append(entry)
+
+    def add_prompt_logprobs(self, request_id: str, first_position: int, entries: list[TokenLogprob]) -> None:
+        """Prompt logprobs from ``first_position`` on; positions already known (computed again after a preemption)
+        are kept as they were."""
+        state = self._states.get(request_id)
+        if state is not None and state.prompt_logprobs is not None:
+            state.prompt_logprobs += entries[len(state.prompt_logprobs) - first_position :]
 
     def update_text(self, request: Request) -> str | None:
         """Detokenize the request's newest token; returns the stop string it completed, if any."""
@@ -65,6 +85,8 @@ class OutputProcessor:
             delta_token_ids=request.output_token_ids[state.emitted_tokens :],
             finish_reason=request.status.value if finished else None,
             stop_reason=request.stop_reason,
+            logprobs=list(state.logprobs) if state.logprobs is not None else None,
+            delta_logprobs=state.logprobs[state.emitted_tokens :] if state.logprobs is not None else None,
         )
         state.emitted_chars = visible
         state.emitted_tokens = len(request.output_token_ids)
@@ -75,4 +97,5 @@ class OutputProcessor:
             outputs=[completion],
             finished=finished,
             num_cached_tokens=request.num_cached_tokens,
+            prompt_logprobs=state.prompt_logprobs,
         )

@@ -4,6 +4,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from server.engine.constraint import TokenConstraint
 from server.engine.repetition import RepetitionDetector
 
 MAX_STOP_SEQUENCES = 16
@@ -15,6 +16,9 @@ REPETITION_PENALTY_BOUNDS = (0.01, 10.0)
 # Requests the server makes of itself (readiness canaries) carry this id prefix; telemetry leaves them out.
 INTERNAL_REQUEST_PREFIX = "vigil-internal-"
 MAX_STOP_TOKEN_IDS = 64
+MAX_LOGPROBS = 20  # top alternatives per token, as vLLM's default --max-logprobs
+LOGIT_BIAS_BOUNDS = (-100.0, 100.0)  # as OpenAI's
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 @dataclass
@@ -33,6 +37,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # The sampled token's logprob plus this many top alternatives, per output token; None: no logprobs.
+    logprobs: int | None = None
+    # The same for every prompt token but the first (which nothing predicts); None: none.
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     @property
     def greedy(self) -> bool:
@@ -70,6 +79,12 @@ class SamplingParams:
                 all(0 <= t < vocab_size for t in self.stop_token_ids),
                 f"must lie in [0, {vocab_size})",
             ),
+            ("logprobs", _is_count(self.logprobs, MAX_LOGPROBS), f"must be in [0, {MAX_LOGPROBS}]"),
+            ("prompt_logprobs", _is_count(self.prompt_logprobs, MAX_LOGPROBS), f"must be in [0, {MAX_LOGPROBS}]"),
+            ("logit_bias", len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, f"allows {MAX_LOGIT_BIAS_ENTRIES} entries"),
+            ("logit_bias", all(0 <= t < vocab_size for t in self.logit_bias), f"ids must lie in [0, {vocab_size})"),
+            ("logit_bias", all(_within(b, LOGIT_BIAS_BOUNDS) for b in self.logit_bias.values()),
+             "values " + _range(LOGIT_BIAS_BOUNDS)),
         ]
         for name, ok, message in checks:
             if not ok:
@@ -78,6 +93,10 @@ class SamplingParams:
 
 def _within(value: float, bounds: tuple[float, float]) -> bool:
     return bounds[0] <= value <= bounds[1]
+
+
+def _is_count(value: int | None, most: int) -> bool:
+    return value is None or 0 <= value <= most
 
 
 def _range(bounds: tuple[float, float]) -> str:
@@ -144,6 +163,8 @@ class Request:
     repetition: RepetitionDetector | None = None
     # Requests share prefix-cache blocks only with requests of the same salt (vLLM's cache_salt).
     cache_salt: str = ""
+    # Which tokens may come next (structured output); None: any.
+    constraint: TokenConstraint | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -169,9 +190,20 @@ class Request:
         return self.output_token_ids[position - prompt_len]
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log probability, and the ``top`` most likely tokens at its position as (token id, logprob),
+    most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class CompletionOutput:
-    """One choice of a request: cumulative text and tokens, plus what is new since the last output."""
+    """One choice of a request: cumulative text and tokens, plus what is new since the last output. ``logprobs``
+    (one per output token) only when the request asked for them."""
 
     index: int
     text: str
@@ -180,6 +212,8 @@ class CompletionOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
+    delta_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -190,3 +224,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    # One per prompt token; the first is None (nothing predicts it). Only when the request asked for them.
+    prompt_logprobs: list[TokenLogprob | None] | None = None

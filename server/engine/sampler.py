@@ -1,35 +1,66 @@
-"""Turns a batch of logits into one next token per request."""
+"""Turns a batch of logits into one next token per request, with its logprobs where asked."""
+
+from dataclasses import dataclass
 
 import torch
 
-from server.engine.request import Request, SamplingParams
+from server.engine.logprobs import gather_logprobs
+from server.engine.request import Request, SamplingParams, TokenLogprob
+
+
+@dataclass
+class SamplerOutput:
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None]  # per row; None where the request did not ask
 
 
 class Sampler:
-    """Greedy, temperature, top-k, top-p, per-request seeds, and repetition/presence/frequency penalties."""
+    """Greedy, temperature, top-k, top-p, per-request seeds, repetition/presence/frequency penalties, logit bias
+    and structured-output masks, in one batch.
+
+    Logprobs come from the distribution the token is drawn from, before top-k and top-p: the logits after
+    penalties, logit bias and the structured-output mask, divided by the temperature (greedy rows: by 1).
+    """
 
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
 
-    def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+    def sample(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         params = [r.sampling_params for r in requests]
-        if all(p.greedy and not p.has_penalties for p in params):
-            return logits.argmax(dim=-1).tolist()
+        if all(_is_plain_greedy(r) for r in requests):
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(requests))
         logits = logits.float()
         for row, request in enumerate(requests):
             if request.sampling_params.has_penalties:
                 logits[row] = apply_penalties(logits[row], request)
+            if request.sampling_params.logit_bias:
+                apply_logit_bias(logits[row], request.sampling_params.logit_bias)
+        apply_constraints(logits, requests)
+        for row, p in enumerate(params):
+            if not p.greedy:
+                logits[row] /= p.temperature
         tokens = logits.argmax(dim=-1)
         for row, (request, p) in enumerate(zip(requests, params, strict=True)):
             if not p.greedy:
                 tokens[row] = self._sample_row(logits[row], p, request.request_id)
-        return tokens.tolist()
+        return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, params))
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]) -> list:
+        rows = [row for row, p in enumerate(params) if p.logprobs is not None]
+        found: list[TokenLogprob | None] = [None] * len(params)
+        if rows:
+            index = torch.tensor(rows)
+            entries = gather_logprobs(logits[index], tokens[index], [params[row].logprobs for row in rows])
+            for row, entry in zip(rows, entries, strict=True):
+                found[row] = entry
+        return found
+
     def _sample_row(self, logits: torch.Tensor, params: SamplingParams, request_id: str) -> int:
-        logits = logits / params.temperature
+        """``logits`` are already divided by the temperature."""
         if params.top_k > 0 and params.top_k < logits.numel():
             kth = torch.topk(logits, params.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -46,6 +77,12 @@ class Sampler:
             generator = torch.Generator().manual_seed(params.seed)
             self._generators[request_id] = generator
         return generator
+
+
+def _is_plain_greedy(request: Request) -> bool:
+    p = request.sampling_params
+    return (p.greedy and not p.has_penalties and not p.logit_bias and p.logprobs is None
+            and request.constraint is None)
 
 
 def mask_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -73,3 +110,36 @@ def apply_penalties(logits: torch.Tensor, request: Request) -> torch.Tensor:
         counts = counts[: logits.numel()].to(logits.dtype)
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> None:
+    """In place, on one row."""
+    logits[torch.tensor(list(bias))] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+
+
+def apply_constraints(logits: torch.Tensor, requests: list[Request]) -> None:
+    """In place: each constrained row keeps only the tokens its grammar allows next. The masks are filled into
+    one bitmask and applied to the batch at once. A row whose grammar allows nothing (it failed) may still end:
+    its end-of-sequence tokens stay allowed."""
+    rows = [row for row, request in enumerate(requests) if request.constraint is not None]
+    if not rows:
+        return
+    vocab_size = logits.shape[1]
+    bitmask = torch.zeros((len(rows), (vocab_size + 31) // 32), dtype=torch.int32)
+    for i, row in enumerate(rows):
+        requests[row].constraint.fill_bitmask(bitmask[i])
+    allowed = unpack_bitmask(bitmask, vocab_size)
+    for i, row in enumerate(rows):
+        if not allowed[i].any():
+            allowed[i, list(requests[row].eos_token_ids)] = True
+    index = torch.tensor(rows)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 words ``[rows, words]`` to booleans ``[rows, vocab_size]``: bit ``t % 32`` of word ``t // 32``."""
+    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()

@@ -4,7 +4,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from server.engine.block_manager import BlockManager
+from server.engine.block_manager import NO_PREFIX, BlockManager, CachedPrefix
 from server.engine.request import QueueFullError, Request, RequestStatus
 
 
@@ -102,7 +102,7 @@ class Scheduler:
     def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            prefix = self.block_manager.find_cached_prefix(request.all_token_ids, request.cache_salt)
+            prefix = self._cached_prefix(request)
             num_new = min(request.num_tokens - prefix.num_tokens, budget)
             if not self.block_manager.allocate_slots(request.request_id, prefix.num_tokens + num_new, prefix):
                 break
@@ -117,6 +117,12 @@ class Scheduler:
             output.newly_scheduled.append(request)
             output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
+
+    def _cached_prefix(self, request: Request) -> CachedPrefix:
+        """A request that wants its prompt's logprobs computes every prompt position itself, as in vLLM."""
+        if request.sampling_params.prompt_logprobs is not None:
+            return NO_PREFIX
+        return self.block_manager.find_cached_prefix(request.all_token_ids, request.cache_salt)
 
     def _scheduled(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -160,6 +166,8 @@ class Scheduler:
                 continue
             request.output_token_ids.append(token)
             received.append(request)
+            if request.constraint is not None:
+                request.constraint.accept_token(token)
             stop = token_stop(request, token)
             if stop is not None:
                 self.finish_request(request, *stop)
@@ -167,12 +175,15 @@ class Scheduler:
 
 
 def token_stop(request: Request, token: int) -> tuple[RequestStatus, int | str | None] | None:
-    """Stop conditions that need no text: EOS, stop token ids, a repetition loop, and the length limit."""
+    """Stop conditions that need no text: EOS, stop token ids, a completed grammar, a repetition loop, and the
+    length limit."""
     params = request.sampling_params
     if not params.ignore_eos and token in request.eos_token_ids:
         return RequestStatus.FINISHED_STOPPED, None
     if token in params.stop_token_ids:
         return RequestStatus.FINISHED_STOPPED, token
+    if request.constraint is not None and request.constraint.is_finished():
+        return RequestStatus.FINISHED_STOPPED, None
     if request.repetition is not None and request.repetition.add(token):
         return RequestStatus.FINISHED_STOPPED, "repetition"
     if len(request.output_token_ids) >= request.max_tokens:

@@ -35,6 +35,7 @@ class Tokenizer:
         self.all_special_ids: set[int] = {
             token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special
         }
+        self.chat_template = chat_template
         self._compiled_template = _compile_chat_template(chat_template) if chat_template else None
 
     @classmethod
@@ -59,6 +60,29 @@ class Tokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
+    def to_json(self) -> str:
+        """The tokenizer.json text, for libraries that build their own view of the vocabulary."""
+        return self._backend.to_str()
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """The chat template renders ``tools`` and assistant ``tool_calls`` itself."""
+        return self.chat_template is not None and "tools" in self.chat_template
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (a byte-level piece may be part of a UTF-8 character)."""
+        return self._token_bytes[token_id]
+
+    @functools.cached_property
+    def _token_bytes(self) -> list[bytes]:
+        pieces = self._backend.get_vocab(with_added_tokens=True)
+        table = [b""] * (max(pieces.values()) + 1)
+        byte_level = _is_byte_level(self._backend)
+        added = {token.content for token in self._backend.get_added_tokens_decoder().values()}
+        for piece, token_id in pieces.items():
+            table[token_id] = _piece_bytes(piece, byte_level and piece not in added)
+        return table
+
     @functools.cached_property
     def max_token_chars(self) -> int:
         """The most characters one token can decode to: its vocabulary entry is at least that long (a byte-level
@@ -68,12 +92,15 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         if self._compiled_template is None:
             raise ValueError("This model has no chat template; send a plain completion prompt instead.")
         return self._compiled_template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
         )
@@ -117,3 +144,27 @@ def _token_content(token: str | dict | None) -> str | None:
     if isinstance(token, dict):
         return token.get("content")
     return token
+
+
+def _is_byte_level(backend: tokenizers.Tokenizer) -> bool:
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", [])]
+    return "ByteLevel" in kinds
+
+
+# GPT-2's byte-level alphabet: each byte is written as one printable character.
+def _byte_level_alphabet() -> dict[str, int]:
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(extra)}
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
+
+
+def _piece_bytes(piece: str, byte_level: bool) -> bytes:
+    if byte_level and all(char in _BYTE_OF_CHAR for char in piece):
+        return bytes(_BYTE_OF_CHAR[char] for char in piece)
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # SentencePiece byte fallback
+        return bytes([int(piece[3:5], 16)])
+    return piece.replace("\u2581", " ").encode()
