@@ -1,6 +1,7 @@
 #!/bin/sh
 # What `make test` needs besides the venv: the monitoring binaries its tests run for real, from Debian's packages
-# prometheus (prometheus, promtool), prometheus-alertmanager (prometheus-alertmanager, amtool) and haproxy.
+# prometheus (prometheus, promtool), prometheus-alertmanager (prometheus-alertmanager, amtool) and haproxy, and
+# kubectl (its kustomize builds deploy/kubernetes; the package of the Kubernetes apt repository, pkgs.k8s.io).
 # As root with apt-get, it installs the missing packages; otherwise it stops with one line naming them.
 set -eu
 
@@ -8,7 +9,7 @@ set -eu
 PATH="$PATH:/usr/sbin:/sbin"
 missing=""
 for pair in promtool:prometheus prometheus:prometheus amtool:prometheus-alertmanager \
-    prometheus-alertmanager:prometheus-alertmanager haproxy:haproxy; do
+    prometheus-alertmanager:prometheus-alertmanager haproxy:haproxy kubectl:kubectl; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"
 done
 [ -n "$missing" ] || exit 0

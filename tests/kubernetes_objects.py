@@ -1,0 +1,61 @@
+"""deploy/kubernetes built the way `kubectl apply -k` builds it (Debian's `kubectl`, its kustomize), for the static
+tests and the end-to-end test: every overlay, alone and with each component."""
+
+import os
+import shutil
+import subprocess
+from itertools import combinations
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBERNETES = ROOT / "deploy/kubernetes"
+OVERLAYS = ("cpu", "gpu")
+COMPONENTS = ("hpa", "canary")
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if not found:
+        raise RuntimeError("`kubectl` is not installed: apt-get install kubectl (make test does it as root)")
+    return found
+
+
+def kustomize(directory: Path) -> list[dict]:
+    result = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {directory} failed:\n{result.stderr}")
+    return [document for document in yaml.safe_load_all(result.stdout) if document]
+
+
+def variants() -> list[tuple[str, tuple[str, ...]]]:
+    """(overlay, components) for every overlay with every subset of the components."""
+    return [(overlay, chosen) for overlay in OVERLAYS
+            for size in range(len(COMPONENTS) + 1) for chosen in combinations(COMPONENTS, size)]  # fmt: skip
+
+
+def build(overlay: str, components: tuple[str, ...], workdir: Path) -> list[dict]:
+    """An overlay, with ``components`` added to it the way its comments show: its own kustomization with a
+    `components:` list, written beside ``workdir`` (kustomize takes relative paths only)."""
+    source = KUBERNETES / "overlays" / overlay
+    if not components:
+        return kustomize(source)
+    directory = workdir / f"{overlay}-{'-'.join(components)}"
+    directory.mkdir(parents=True, exist_ok=True)
+    kustomization = yaml.safe_load((source / "kustomization.yaml").read_text())
+    moved = [os.path.relpath((source / path).resolve(), directory) for path in kustomization["resources"]]
+    kustomization["resources"] = moved
+    kustomization["components"] = [os.path.relpath(KUBERNETES / "components" / name, directory) for name in components]
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return kustomize(directory)
+
+
+def find(objects: list[dict], kind: str, name: str) -> dict:
+    found = [obj for obj in objects if obj["kind"] == kind and obj["metadata"]["name"] == name]
+    assert len(found) == 1, f"{len(found)} {kind} named {name}"
+    return found[0]
+
+
+def of_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [obj for obj in objects if obj["kind"] == kind]

@@ -1,0 +1,321 @@
+"""deploy/kubernetes without a cluster: every overlay, alone and with each component, builds with `kubectl
+kustomize`; every object validates against its schema (kubernetes-validate for the built-in kinds, the projects'
+own CRD schemas in tests/k8s_schemas for the rest), strictly; the generated monitoring objects are their sources'
+copies; the probes, ports and flags fit the real server; the objects that refer to each other agree.
+
+tests/test_fleet_e2e.py runs the autoscalers' and the PrometheusRule's PromQL against a live fleet."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from server.__main__ import build_parser
+from server.api.health import PROBE_PATHS, UNAUTHENTICATED_PATHS
+from tests.api_server import APIServer
+from tests.dashboard_queries import VIGIL_METRICS
+from tests.kubernetes_objects import KUBERNETES, ROOT, build, find, of_kind, variants
+
+KUBERNETES_VERSION = "1.32.0"  # the oldest release the objects are meant for (native sidecars, HPA v2, policy/v1)
+SCHEMAS = Path(__file__).parent / "k8s_schemas"
+CUSTOM_KINDS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda.sh-v1alpha1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-gateway.networking.k8s.io-v1.json",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference.networking.k8s.io-v1.json",
+}
+VARIANTS = variants()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[tuple[str, tuple[str, ...]], list[dict]]:
+    workdir = tmp_path_factory.mktemp("kustomize")
+    return {variant: build(*variant, workdir) for variant in VARIANTS}
+
+
+def servers(objects: list[dict]) -> list[dict]:
+    return [obj for obj in of_kind(objects, "Deployment")
+            if obj["metadata"]["labels"]["app.kubernetes.io/component"] == "server"]  # fmt: skip
+
+
+def container(deployment: dict) -> dict:
+    [found] = deployment["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+# --- building and validating ---------------------------------------------------------------------------------
+
+
+def test_every_variant_builds_into_one_namespace(built):
+    for variant, objects in built.items():
+        assert objects, variant
+        namespaced = [obj for obj in objects if obj["kind"] != "Namespace"]
+        assert {obj["metadata"].get("namespace") for obj in namespaced} == {"vigil"}, variant
+        assert all(obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "vigil" for obj in namespaced), variant
+
+
+def strict(schema: object) -> object:
+    """The schema with unknown fields refused wherever the API server would refuse them (kubectl's default
+    field validation is strict): objects with declared properties and no preserve-unknown-fields."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    found = {key: strict(value) for key, value in schema.items()}
+    if "properties" in found and "additionalProperties" not in found and \
+            not found.get("x-kubernetes-preserve-unknown-fields"):  # fmt: skip
+        found["additionalProperties"] = False
+    return found
+
+
+@pytest.fixture(scope="module")
+def custom_schemas() -> dict[tuple[str, str], dict]:
+    return {kind: strict(json.loads((SCHEMAS / name).read_text())) for kind, name in CUSTOM_KINDS.items()}
+
+
+def test_every_object_validates_against_its_schema(built, custom_schemas):
+    kinds = set()
+    for variant, objects in built.items():
+        for obj in objects:
+            kind = (obj["apiVersion"], obj["kind"])
+            kinds.add(kind)
+            where = f"{variant}: {obj['kind']}/{obj['metadata']['name']}"
+            if kind in custom_schemas:
+                errors = [error.message for error in
+                          jsonschema.Draft7Validator(custom_schemas[kind]).iter_errors(obj)]  # fmt: skip
+                assert not errors, f"{where}: {errors}"
+            else:
+                try:
+                    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+                except kubernetes_validate.ValidationError as error:
+                    raise AssertionError(f"{where}: {'.'.join(map(str, error.path))}: {error.message}") from None
+    assert set(CUSTOM_KINDS) <= kinds, "a schema no object uses"
+
+
+def test_the_schema_check_refuses_a_misspelt_field(custom_schemas):
+    scaled = find(build("cpu", (), Path("/nonexistent")), "ScaledObject", "vigil")
+    scaled["spec"]["minReplicas"] = 1  # KEDA's field is minReplicaCount
+    assert list(jsonschema.Draft7Validator(custom_schemas[("keda.sh/v1alpha1", "ScaledObject")]).iter_errors(scaled))
+    deployment = servers(build("cpu", (), Path("/nonexistent")))[0]
+    deployment["spec"]["template"]["spec"]["terminationGracePeriod"] = 90
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_generated_monitoring_objects_are_up_to_date():
+    result = subprocess.run([sys.executable, str(KUBERNETES / "build.py"), "--check"], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_prometheusrule_holds_every_group_of_alerts_rules_unchanged(built):
+    rule = find(built[("cpu", ())], "PrometheusRule", "vigil")
+    expected = [group for path in sorted((ROOT / "alerts/rules").glob("*.yml"))
+                for group in yaml.safe_load(path.read_text())["groups"]]  # fmt: skip
+    assert rule["spec"]["groups"] == expected
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_every_dashboard_is_a_configmap_for_grafanas_sidecar(built):
+    maps = {obj["metadata"]["name"]: obj for obj in of_kind(built[("cpu", ())], "ConfigMap")
+            if obj["metadata"].get("labels", {}).get("grafana_dashboard") == "1"}  # fmt: skip
+    dashboards = sorted((ROOT / "dashboards").glob("*.json"))
+    assert sorted(maps) == [f"vigil-dashboard-{path.stem}" for path in dashboards]
+    for path in dashboards:
+        [(key, text)] = maps[f"vigil-dashboard-{path.stem}"]["data"].items()
+        assert key.endswith(".json") and json.loads(text) == json.loads(path.read_text())
+
+
+# --- the replicas --------------------------------------------------------------------------------------------
+
+
+def serve_flags(deployment: dict):
+    """The Deployment's command line, parsed by the server's own parser."""
+    args = container(deployment)["args"]
+    assert args[:4] == ["python", "-m", "server", "serve"]
+    return build_parser().parse_args(args[3:])
+
+
+def test_probes_and_ports_are_the_servers(built):
+    for variant, objects in built.items():
+        for deployment in servers(objects):
+            flags, spec = serve_flags(deployment), container(deployment)
+            [port] = spec["ports"]
+            assert (port["name"], port["containerPort"]) == ("http", flags.port)
+            probes = {kind: spec[f"{kind}Probe"]["httpGet"] for kind in ("startup", "liveness", "readiness")}
+            assert {kind: probe["path"] for kind, probe in probes.items()} == {
+                "startup": "/readyz", "liveness": "/livez", "readiness": "/readyz"}, variant  # fmt: skip
+            assert all(probe["port"] == "http" for probe in probes.values())
+            # API keys are on: the probes must be paths that need none.
+            assert {probe["path"] for probe in probes.values()} <= UNAUTHENTICATED_PATHS <= PROBE_PATHS
+
+
+def test_pods_stop_after_their_drain_and_start_slow_enough_for_a_model_load(built):
+    for deployment in servers(built[("gpu", ("canary",))]):
+        flags, spec = serve_flags(deployment), container(deployment)
+        pod = deployment["spec"]["template"]["spec"]
+        [sleep] = [int(word) for word in spec["lifecycle"]["preStop"]["exec"]["command"] if word.isdigit()]
+        assert pod["terminationGracePeriodSeconds"] > sleep + flags.shutdown_timeout
+        startup = spec["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, "ten minutes to load a model"
+        strategy = deployment["spec"]["strategy"]["rollingUpdate"]
+        assert strategy["maxUnavailable"] == 0 and strategy["maxSurge"] >= 1
+
+
+def test_replicas_run_as_non_root_on_a_read_only_root_with_api_keys_from_a_secret(built):
+    for deployment in servers(built[("cpu", ("canary",))]):
+        pod, spec = deployment["spec"]["template"]["spec"], container(deployment)
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
+        assert pod["automountServiceAccountToken"] is False
+        context = spec["securityContext"]
+        assert context["readOnlyRootFilesystem"] and not context["allowPrivilegeEscalation"]
+        assert context["capabilities"]["drop"] == ["ALL"]
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        mounts = {mount["mountPath"]: mount["name"] for mount in spec["volumeMounts"]}
+        key_file = Path(serve_flags(deployment).api_key_file)
+        assert volumes[mounts[str(key_file.parent)]]["secret"]["secretName"] == "vigil-api-keys"
+        assert "emptyDir" in volumes[mounts["/tmp"]], "the caches written at run time need a writable /tmp"
+        assert not [env for env in spec.get("env", []) if "KEY" in env["name"]], "keys come from the file only"
+
+
+def test_only_the_gpu_overlay_asks_for_gpus(built):
+    for (overlay, _), objects in built.items():
+        for deployment in servers(objects):
+            resources = container(deployment)["resources"]
+            assert resources["requests"]["cpu"] and resources["limits"]["memory"]
+            assert re.fullmatch(r"[\w./-]+:[\w.-]+", container(deployment)["image"]), "the overlay tags every image"
+            gpus = resources["limits"].get("nvidia.com/gpu")
+            assert gpus == (1 if overlay == "gpu" else None), (overlay, deployment["metadata"]["name"])
+
+
+@pytest.mark.server
+def test_the_deployments_command_line_serves_its_probes(tiny_folder, tmp_path, built):
+    """The real server, started with the Deployment's flags (its address and key file moved to this machine),
+    answers every probe path on its port without credentials, and the API only with a key."""
+    deployment = find(built[("cpu", ())], "Deployment", "vigil")
+    args = container(deployment)["args"][4:]
+    keys = tmp_path / "keys"
+    keys.write_text("k8s-test-key\n")
+    args = [str(keys) if arg == "/etc/vigil/api-keys/keys" else arg for arg in args]
+    args = [arg for index, arg in enumerate(args) if arg not in ("--host", "--port")
+            and (index == 0 or args[index - 1] not in ("--host", "--port"))]  # fmt: skip
+    server = APIServer(tiny_folder, *args).wait_ready()
+    try:
+        spec = container(deployment)
+        for kind in ("startup", "liveness", "readiness"):
+            path = spec[f"{kind}Probe"]["httpGet"]["path"]
+            assert httpx.get(server.base_url + path, timeout=30).status_code == 200, path
+        assert httpx.get(f"{server.base_url}/v1/models", timeout=30).status_code == 401
+        headers = {"Authorization": "Bearer k8s-test-key"}
+        assert httpx.get(f"{server.base_url}/v1/models", headers=headers, timeout=30).status_code == 200
+    finally:
+        server.stop()
+
+
+# --- what refers to what -----------------------------------------------------------------------------------
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_services_budgets_and_pools_select_their_tracks_pods(built):
+    objects = built[("cpu", ("canary",))]
+    pods = {obj["metadata"]["name"]: obj["spec"]["template"]["metadata"]["labels"] for obj in servers(objects)}
+    assert set(pods) == {"vigil", "vigil-canary"}
+    assert all(selects(find(objects, "Service", "vigil")["spec"]["selector"], labels) for labels in pods.values())
+    for track in pods:
+        for kind in ("PodDisruptionBudget", "InferencePool"):
+            selector = find(objects, kind, track)["spec"]["selector"]["matchLabels"]
+            assert [name for name, labels in pods.items() if selects(selector, labels)] == [track], (kind, track)
+        pool, port = find(objects, "InferencePool", track), container(find(objects, "Deployment", track))["ports"][0]
+        assert pool["spec"]["targetPorts"] == [{"number": port["containerPort"]}]
+        picker = pool["spec"]["endpointPickerRef"]
+        service = find(objects, "Service", picker["name"])
+        assert picker["port"]["number"] in [entry["port"] for entry in service["spec"]["ports"]]
+        epp = find(objects, "Deployment", picker["name"])
+        assert selects(service["spec"]["selector"], epp["spec"]["template"]["metadata"]["labels"])
+        args = container(epp)["args"]
+        assert args[args.index("--pool-name") + 1] == track
+
+
+def test_the_route_weighs_the_tracks_pools(built):
+    for components, weights in (((), {"vigil": 100}), (("canary",), {"vigil": 90, "vigil-canary": 10})):
+        objects = built[("gpu", components)]
+        [rule] = find(objects, "HTTPRoute", "vigil")["spec"]["rules"]
+        assert {ref["name"]: ref["weight"] for ref in rule["backendRefs"]} == weights
+        for ref in rule["backendRefs"]:
+            assert ref["kind"] == "InferencePool" and find(objects, "InferencePool", ref["name"])
+
+
+def test_one_autoscaler_owns_the_stable_track_and_none_the_canary(built):
+    for (overlay, components), objects in built.items():
+        scalers = of_kind(objects, "ScaledObject") + of_kind(objects, "HorizontalPodAutoscaler")
+        assert [scaler["kind"] for scaler in scalers] == [
+            "HorizontalPodAutoscaler" if "hpa" in components else "ScaledObject"], (overlay, components)
+        [scaler] = scalers
+        assert scaler["spec"]["scaleTargetRef"]["name"] == "vigil"
+        assert "replicas" not in find(objects, "Deployment", "vigil")["spec"], "the autoscaler owns the count"
+        if "canary" in components:
+            assert find(objects, "Deployment", "vigil-canary")["spec"]["replicas"] == 1
+
+
+def test_keda_scales_on_waiting_requests_per_replica_and_gpu_utilisation(built):
+    scaled = find(built[("gpu", ())], "ScaledObject", "vigil")["spec"]
+    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"], scaled["cooldownPeriod"]) == (1, 8, 300)
+    triggers = {trigger["name"]: trigger for trigger in scaled["triggers"]}
+    assert {trigger["type"] for trigger in triggers.values()} == {"prometheus"}
+    waiting, gpu = triggers["waiting-requests-per-replica"], triggers["gpu-utilisation"]
+    assert waiting["metricType"] == "AverageValue" and "vigil_num_requests_waiting{" in waiting["metadata"]["query"]
+    assert gpu["metricType"] == "Value" and "vigil_gpu_utilization_ratio{" in gpu["metadata"]["query"]
+
+
+def test_the_endpoint_picker_reads_vigils_own_metrics(built):
+    config_map = find(built[("cpu", ())], "ConfigMap", "vigil-epp")
+    [config] = [yaml.safe_load(text) for text in config_map["data"].values()]
+    plugins = {plugin["type"]: plugin for plugin in config["plugins"]}
+    extractor = plugins["core-metrics-extractor"]["parameters"]
+    [engine] = [entry for entry in extractor["engineConfigs"] if entry["name"] == extractor["defaultEngine"]]
+    mapping = {field: engine[field] for field in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec")}
+    assert mapping == {"queuedRequestsSpec": "vigil_num_requests_waiting",
+                       "runningRequestsSpec": "vigil_num_requests_running",
+                       "kvUsageSpec": "vigil_kv_cache_usage_ratio"}  # fmt: skip
+    assert all(VIGIL_METRICS[name] == "gauge" for name in mapping.values())
+    assert engine["cacheInfoSpec"] == "vigil_kv_cache_config_info"
+    # The cache info's labels, as telemetry/metrics.py defines them.
+    metrics_source = (ROOT / "telemetry/metrics.py").read_text()
+    definition = re.search(r'"vigil_kv_cache_config_info".*?\)', metrics_source, flags=re.S).group(0)
+    assert engine["cacheBlockSizeLabelName"] in definition and engine["cacheNumBlocksLabelName"] in definition
+    referenced = {ref["pluginRef"] for profile in config["schedulingProfiles"] for ref in profile["plugins"]}
+    referenced |= {source["pluginRef"] for source in config["dataLayer"]["sources"]}
+    referenced |= {ref["pluginRef"] for source in config["dataLayer"]["sources"] for ref in source["extractors"]}
+    assert referenced == set(plugins)
+    epp = container(find(built[("cpu", ())], "Deployment", "vigil-epp"))
+    assert epp["args"][epp["args"].index("--config-file") + 1] == f"/config/{next(iter(config_map['data']))}"
+
+
+def test_the_network_policy_lets_in_the_http_port_only(built):
+    policy = find(built[("cpu", ())], "NetworkPolicy", "vigil")["spec"]
+    assert selects(policy["podSelector"]["matchLabels"], find(built[("cpu", ())], "Deployment", "vigil")["spec"][
+        "template"]["metadata"]["labels"])  # fmt: skip
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    assert [port["port"] for rule in policy["ingress"] for port in rule["ports"]] == ["http"]
+
+
+def test_the_service_monitor_scrapes_the_replicas_as_job_vigil_with_their_track(built):
+    objects = built[("cpu", ())]
+    monitor, service = find(objects, "ServiceMonitor", "vigil")["spec"], find(objects, "Service", "vigil")
+    assert selects(monitor["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert [endpoint["port"] for endpoint in monitor["endpoints"]] == [service["spec"]["ports"][0]["name"]]
+    assert [endpoint["path"] for endpoint in monitor["endpoints"]] == ["/metrics"]
+    # No jobLabel: the job is the Service's name, which the alert rules select on.
+    assert "jobLabel" not in monitor and service["metadata"]["name"] == "vigil"
+    assert monitor["podTargetLabels"] == ["app.kubernetes.io/track"]
