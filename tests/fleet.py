@@ -7,6 +7,7 @@ listener on 127.0.0.1 and a free port, each server line at its replica's port an
 run left out.
 """
 
+import copy
 import re
 import shutil
 import subprocess
@@ -17,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 
 from deploy.haproxy.rollout import ROUTING_MAP
 from deploy.haproxy.runtime_api import RuntimeAPI
 from server.bench.local_server import free_port
 from tests.api_server import APIServer
-from tests.ops_stack import ROOT, Daemon, wait_until
+from tests.ops_stack import INTERVAL, PROMETHEUS_CONFIG, ROOT, Daemon, wait_until
 
 HAPROXY_DIR = ROOT / "deploy/haproxy"
 HAPROXY_CONFIG = HAPROXY_DIR / "haproxy.cfg"
@@ -101,6 +103,26 @@ class Replica:
         if code != 0:
             raise RuntimeError(f"{self.name} exited with {code} on SIGTERM:\n{self.server.log_tail()}")
         self.start()
+
+
+def prometheus_config(replicas: dict[str, tuple[str, str]], haproxy: str, rule_files: list[Path]) -> dict:
+    """deploy/prometheus.yml's `vigil` and `haproxy` jobs for loopback, scraped every second. ``replicas`` maps each
+    replica's name to its (address, track); each target carries the labels a Kubernetes ServiceMonitor gives it
+    (namespace, pod, and the track through podTargetLabels), so that the autoscalers' queries select it."""
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    config["global"].update(scrape_interval=INTERVAL, evaluation_interval=INTERVAL)
+    config["rule_files"] = [str(path) for path in rule_files]
+    del config["alerting"]
+    jobs = {job["job_name"]: copy.deepcopy(job) for job in config["scrape_configs"]}
+    vigil, balancer = jobs["vigil"], jobs["haproxy"]
+    del vigil["dns_sd_configs"]
+    vigil["static_configs"] = [
+        {"targets": [address], "labels": {"namespace": "vigil", "pod": name, "app_kubernetes_io_track": track}}
+        for name, (address, track) in replicas.items()
+    ]
+    balancer["static_configs"] = [{"targets": [haproxy]}]
+    config["scrape_configs"] = [vigil, balancer]
+    return config
 
 
 class HAProxy(Daemon):

@@ -1,21 +1,27 @@
 """The fleet on 127.0.0.1: three real Vigil replicas (blue vigil-1 and vigil-2, green vigil-green-1 with another
 model version) behind the real HAProxy running deploy/haproxy/haproxy.cfg (tests/fleet.py), scraped by the real
-Prometheus.
+Prometheus, which also loads the PrometheusRule of deploy/kubernetes.
 
 A busy replica gets clearly fewer new requests; a SIGTERM under load, a scripted rolling restart under a client
-loop and a blue-green switch under a client loop each fail no request. The tests run in file order and share the
-fleet.
+loop and a blue-green switch under a client loop each fail no request. Then, on the fleet's live metrics: every
+query of the KEDA ScaledObject, of the HPA's prometheus-adapter rules and of the PrometheusRule returns a number,
+and so does every query of the fleet dashboard. The tests run in file order and share the fleet.
 """
 
 import concurrent.futures
+import math
 from types import SimpleNamespace
 
 import httpx
 import pytest
+import yaml
 
 from deploy.haproxy.rollout import restart, shift
-from tests.fleet import ClientLoop, HAProxy, Replica
-from tests.ops_stack import wait_until
+from server.bench.local_server import free_port
+from tests.dashboard_queries import HAPROXY_METRICS, dashboard_queries
+from tests.fleet import ClientLoop, HAProxy, Replica, prometheus_config
+from tests.kubernetes_objects import KUBERNETES, build, find
+from tests.ops_stack import Prometheus, wait_until
 from tests.tiny_model import write_tiny_llama
 
 pytestmark = [pytest.mark.e2e, pytest.mark.server]
@@ -44,19 +50,34 @@ def fleet(tmp_path_factory, tiny_folder, smollm_folder):
     next_version = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama-v2"), smollm_folder, seed=1)
     replicas = {name: Replica(name, tiny_folder, *REPLICA_ARGS) for name in BLUE}
     replicas[GREEN] = Replica(GREEN, next_version, *REPLICA_ARGS)
-    haproxy = None
+    haproxy = prometheus = None
     try:
         for replica in replicas.values():
             replica.server.wait_ready()
         haproxy = HAProxy(workdir, list(replicas.values()))
         haproxy.wait_up("blue", *BLUE)
         haproxy.wait_up("green", GREEN)
-        yield SimpleNamespace(haproxy=haproxy, replicas=replicas, workdir=workdir)
+        prometheus = start_prometheus(workdir, replicas, haproxy)
+        yield SimpleNamespace(haproxy=haproxy, replicas=replicas, prometheus=prometheus, workdir=workdir)
     finally:
-        if haproxy is not None:
-            haproxy.stop()
+        for daemon in (prometheus, haproxy):
+            if daemon is not None:
+                daemon.stop()
         for replica in replicas.values():
             replica.server.stop()
+
+
+def start_prometheus(workdir, replicas: dict[str, Replica], haproxy: HAProxy) -> Prometheus:
+    """Scraping the replicas (as the stable track, green as a canary) and HAProxy, with the PrometheusRule's groups
+    as its rules."""
+    rule = find(build("cpu", (), workdir), "PrometheusRule", "vigil")
+    rule_file = workdir / "prometheusrule.yml"
+    rule_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    targets = {name: (replica.address, "canary" if name == GREEN else "stable") for name, replica in replicas.items()}
+    prometheus = Prometheus(prometheus_config(targets, haproxy.metrics_address, [rule_file]), workdir, free_port())
+    wait_until(lambda: len([target for target in prometheus.active_targets() if target["health"] == "up"])
+               == len(replicas) + 1, 60, what="Prometheus scrapes every replica and HAProxy")  # fmt: skip
+    return prometheus
 
 
 def test_every_replica_is_up_at_full_weight_and_blue_takes_the_traffic(fleet):
@@ -154,3 +175,112 @@ def complete(base_url: str) -> str:
     response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["text"]
+
+
+# --- the live fleet's metrics ----------------------------------------------------------------------------------
+
+
+def values(prometheus: Prometheus, expr: str) -> list[float]:
+    answer = prometheus.query(expr)
+    assert answer["status"] == "success", f"{expr}: {answer}"
+    return [float(series["value"][1]) for series in answer["data"]["result"]]
+
+
+@pytest.fixture(scope="module")
+def recent_traffic(fleet):
+    """Requests through HAProxy to every replica of blue, seen by Prometheus: rates over the last minute exist."""
+    prometheus = fleet.prometheus
+    answered = 'sum(haproxy_frontend_http_requests_total{proxy="vigil"})'
+    before = values(prometheus, answered)[0]
+    for _ in range(20):
+        assert httpx.post(f"{fleet.haproxy.url}/v1/completions", json=SHORT_REQUEST, timeout=60).status_code == 200
+    wait_until(lambda: values(prometheus, answered)[0] >= before + 20, 30, interval=0.25,
+               what="Prometheus has scraped the requests")  # fmt: skip
+
+
+def test_the_autoscalers_queries_return_a_number_on_the_live_fleet(fleet, recent_traffic):
+    objects = build("gpu", (), fleet.workdir)
+    queries = {trigger["name"]: trigger["metadata"]["query"]
+               for trigger in find(objects, "ScaledObject", "vigil")["spec"]["triggers"]}  # fmt: skip
+    adapter = yaml.safe_load((KUBERNETES / "components/hpa/prometheus-adapter-values.yaml").read_text())["rules"]
+    # What prometheus-adapter fills in: for the HPA's per-pod metric, the pods of its Deployment; for the external
+    # one, the HPA's selector in the HPA's namespace.
+    pods = {
+        "<<.Series>>": "vigil_num_requests_waiting",
+        "<<.LabelMatchers>>": 'namespace="vigil", pod=~"vigil-1|vigil-2"',
+        "<<.GroupBy>>": "pod",
+    }
+    external = {
+        "<<.Series>>": "vigil_engine_ready",
+        "<<.LabelMatchers>>": 'namespace="vigil", app_kubernetes_io_track="stable"',
+        "<<.GroupBy>>": "namespace",
+    }
+    for kind, rule, fill in (("custom", adapter["custom"][0], pods), ("external", adapter["external"][0], external)):
+        query = rule["metricsQuery"]
+        for placeholder, value in fill.items():
+            query = query.replace(placeholder, value)
+        queries[f"prometheus-adapter {kind}"] = query
+    for name, query in queries.items():
+        found = values(fleet.prometheus, query)
+        print(f"{name}: {found}")
+        assert found and all(math.isfinite(value) for value in found), f"{name}: {query} -> {found}"
+    assert len(values(fleet.prometheus, queries["waiting-requests-per-replica"])) == 1
+    # The per-pod metric has a value for each replica of the stable track.
+    assert len(values(fleet.prometheus, queries["prometheus-adapter custom"])) == len(BLUE)
+
+
+def test_the_waiting_requests_query_saw_the_busy_replicas_queue(fleet):
+    [query] = [trigger["metadata"]["query"] for trigger in
+               find(build("cpu", (), fleet.workdir), "ScaledObject", "vigil")["spec"]["triggers"]
+               if trigger["name"] == "waiting-requests-per-replica"]  # fmt: skip
+    [peak] = values(fleet.prometheus, f"max_over_time(({query})[30m:1s])")
+    assert peak >= LONG_REQUESTS - MAX_NUM_SEQS, "the long requests queued on vigil-1 during the split test"
+
+
+def test_the_prometheusrule_loads_and_every_rule_evaluates(fleet, recent_traffic):
+    rule = find(build("cpu", (), fleet.workdir), "PrometheusRule", "vigil")
+    expected = [entry.get("alert") or entry["record"] for group in rule["spec"]["groups"] for entry in group["rules"]]
+    wait_until(lambda: all(entry["health"] != "unknown" for entry in fleet.prometheus.rules()), 30,
+               what="every rule has been evaluated")
+    loaded = fleet.prometheus.rules()
+    assert sorted(entry["name"] for entry in loaded) == sorted(expected)
+    assert {entry["name"]: entry.get("lastError") for entry in loaded if entry["health"] != "ok"} == {}
+    for group in rule["spec"]["groups"]:
+        for entry in group["rules"]:
+            query = entry["expr"]
+            assert fleet.prometheus.query(query)["status"] == "success", query
+            if "record" in entry:
+                found = values(fleet.prometheus, entry["record"] + "{" + ", ".join(
+                    f'{key}="{value}"' for key, value in entry.get("labels", {}).items()) + "}")  # fmt: skip
+                assert found and all(math.isfinite(value) for value in found), entry["record"]
+
+
+def test_haproxy_exports_what_the_fleet_dashboard_reads(fleet):
+    missing = [name for name in sorted(HAPROXY_METRICS) if not values(fleet.prometheus, name)]
+    assert not missing, f"HAProxy's exporter has no {missing}"
+
+
+def test_every_fleet_dashboard_query_shows_data(fleet, recent_traffic):
+    instances = "|".join(replica.address for replica in fleet.replicas.values())
+    problems = []
+    queries = [query for query in dashboard_queries("smollm", instances, balancer=fleet.haproxy.metrics_address)
+               if query[0] == "Vigil / Fleet"]  # fmt: skip
+    assert queries
+    for _, panel, expr in queries:
+        found = values(fleet.prometheus, expr)
+        if not any(math.isfinite(value) for value in found):
+            problems.append(f"{panel}: {found}\n    {expr}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_replicas_export_what_the_endpoint_picker_reads(fleet):
+    config_map = find(build("cpu", (), fleet.workdir), "ConfigMap", "vigil-epp")
+    [config] = [yaml.safe_load(text) for text in config_map["data"].values()]
+    [extractor] = [plugin["parameters"] for plugin in config["plugins"] if plugin["type"] == "core-metrics-extractor"]
+    [engine] = extractor["engineConfigs"]
+    for field in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "cacheInfoSpec"):
+        found = values(fleet.prometheus, f'{engine[field]}{{job="vigil", app_kubernetes_io_track="stable"}}')
+        assert len(found) == len(BLUE), field
+    [info, *_] = fleet.prometheus.query('vigil_kv_cache_config_info{job="vigil"}')["data"]["result"]
+    assert int(info["metric"][engine["cacheBlockSizeLabelName"]]) > 0
+    assert int(info["metric"][engine["cacheNumBlocksLabelName"]]) > 0
