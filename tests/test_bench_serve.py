@@ -227,3 +227,17 @@ def test_an_unreachable_server_is_a_clear_error(tmp_path, capsys):
     assert code == 1 and result is None
     err = capsys.readouterr().err
     assert "cannot reach" in err and "Traceback" not in err
+
+
+@pytest.mark.server
+def test_extra_body_goes_into_every_request_of_its_side(server, tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"guided_regex": "a(b"}))
+    code, result = bench(tmp_path, "--base-url", server.base_url, "--compare", server.base_url, "--num-prompts", "2",
+                         "--input-len", "8", "--output-len", "4", "--extra-body", '{"guided_regex": "[0-9]{12}"}',
+                         "--compare-extra-body", f"@{broken}")
+    assert code == 1  # every request to B failed
+    a, b = (result["results"][side]["summary"] for side in "AB")
+    assert (a["completed"], a["output_tokens"]) == (2, 2 * 4)  # twelve digits cannot finish in four tokens
+    assert b["completed"] == 0 and all("guided_regex" in reason for reason in b["failures"])
+    assert result["config"]["extra_body"] == {"guided_regex": "[0-9]{12}"}

@@ -54,18 +54,18 @@ def check_flags(args: argparse.Namespace) -> None:
 
 def resolve_targets(args: argparse.Namespace) -> dict[str, Target]:
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
-    targets = {"A": target(args.base_url, args.model, args, api_key)}
+    targets = {"A": target(args.base_url, args.model, args, api_key, args.extra_body)}
     if args.compare:
-        targets["B"] = target(args.compare, args.compare_model, args, api_key)
+        targets["B"] = target(args.compare, args.compare_model, args, api_key, args.compare_extra_body)
     return targets
 
 
-def target(url: str, model: str | None, args: argparse.Namespace, api_key: str | None) -> Target:
+def target(url: str, model: str | None, args: argparse.Namespace, api_key: str | None, extra_body: dict) -> Target:
     base_url = normalize_base_url(url)
     listed = first_model(base_url, api_key)  # also proves the server answers
     if (model or listed) is None:
         raise ValueError(f"{base_url} lists no model at /v1/models: pass the model name")
-    return Target(base_url, model or listed, args.endpoint, api_key, args.ignore_eos)
+    return Target(base_url, model or listed, args.endpoint, api_key, args.ignore_eos, extra_body)
 
 
 def workload(args: argparse.Namespace, tokenizer: Tokenizer | None, round_index: int) -> Workload:

@@ -23,6 +23,7 @@ class Target:
     endpoint: str  # a key of PATHS
     api_key: str | None = None
     ignore_eos: bool = False
+    extra_body: dict = field(default_factory=dict)  # merged into every request body
 
 
 @dataclass
@@ -68,7 +69,7 @@ def request_body(target: Target, request: BenchRequest) -> dict:
         body["prompt"] = request.prompt
     if target.ignore_eos:
         body["ignore_eos"] = True
-    return body
+    return body | target.extra_body
 
 
 async def send(client: httpx.AsyncClient, target: Target, request: BenchRequest, index: int,

@@ -1,6 +1,8 @@
 """The flags of ``bench serve``; kept apart from the code that runs it so that building the CLI stays light."""
 
 import argparse
+import json
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -12,6 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--compare", metavar="URL2", help="also run the same workload against this server (B)")
     target.add_argument("--compare-model", help="model name for --compare (default: the first id it lists)")
     target.add_argument("--rounds", type=int, default=1, help="alternate A and B this many times")
+    target.add_argument("--extra-body", type=json_object, default={}, metavar="JSON",
+                        help="fields merged into every request to A, e.g. a response_format; @FILE reads them")
+    target.add_argument("--compare-extra-body", type=json_object, default={}, metavar="JSON",
+                        help="the same for B; --compare at A's own URL then measures what the fields cost")
     load = parser.add_argument_group("load")
     load.add_argument("--num-prompts", type=int, default=100)
     load.add_argument("--request-rate", type=positive_float, default=float("inf"),
@@ -35,4 +41,15 @@ def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def json_object(text: str) -> dict:
+    """A JSON object, or ``@path`` of a file holding one."""
+    try:
+        value = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+    except (OSError, json.JSONDecodeError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
     return value
