@@ -2,7 +2,8 @@
 
 A backend turns one step's batch into metadata once (``prepare``: tensors on the device, plus the host-side sizes
 its kernels need, so that no layer syncs with the device to learn them), then runs every layer's attention over
-the paged cache from it (``forward``: store the new K/V, decode rows, prefill rows).
+the paged cache from it (``forward``: store the new K/V, decode rows, prefill rows). A layer with sliding-window
+attention passes its ``window``: each query then sees the ``window`` keys up to its own position.
 
 - ``triton``: the Triton kernels; the default for CUDA tensors.
 - ``cpu``: the compiled C++ kernels (attention, the KV store, the elementwise layer ops); the default elsewhere,
@@ -111,6 +112,7 @@ class AttentionBackend(ABC):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Store ``k``/``v`` (``[tokens, kv_heads, head_dim]``) in their slots, then attend: ``q`` is
         ``[tokens, heads, head_dim]``, and so is the result."""
@@ -118,11 +120,11 @@ class AttentionBackend(ABC):
         self.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
-            return self.decode(q, k_cache, v_cache, meta, scale)
+            return self.decode(q, k_cache, v_cache, meta, scale, window)
         out = torch.empty_like(q)
         if num_decode:
-            out[:num_decode] = self.decode(q[:num_decode], k_cache, v_cache, meta, scale)
-        out[num_decode:] = self.prefill(q[num_decode:], k_cache, v_cache, meta, scale)
+            out[:num_decode] = self.decode(q[:num_decode], k_cache, v_cache, meta, scale, window)
+        out[num_decode:] = self.prefill(q[num_decode:], k_cache, v_cache, meta, scale, window)
         return out
 
     @abstractmethod
@@ -132,12 +134,14 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor: ...
 
     @abstractmethod
     def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -150,19 +154,21 @@ class TorchAttention(AttentionBackend):
         reference.store_kv(k, v, k_cache, v_cache, slots)
 
     def decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         return reference.paged_decode_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
-            max_seq_len=meta.decode_max_seq_len,
+            max_seq_len=meta.decode_max_seq_len, window=window,
         )
 
     def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
-            query_starts=meta.prefill_query_starts, context_lens=meta.prefill_context_lens,
+            query_starts=meta.prefill_query_starts, context_lens=meta.prefill_context_lens, window=window,
         )
 
 
@@ -181,17 +187,20 @@ class CpuAttention(AttentionBackend):
         self.compiled.store_kv(k, v, k_cache, v_cache, slots)
 
     def decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         return self.compiled.paged_decode_attention(
-            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, window or 0
         )
 
     def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         return self.compiled.paged_prefill_attention(
-            q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale
+            q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
+            window or 0,
         )
 
 
@@ -213,18 +222,20 @@ class TritonAttention(AttentionBackend):
         self._cache_ops.store_kv(k, v, k_cache, v_cache, slots)
 
     def decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         return self._kernels.paged_decode_attention(
-            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, window=window
         )
 
     def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         return self._kernels.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
-            max_query_len=meta.prefill_max_query_len,
+            max_query_len=meta.prefill_max_query_len, window=window,
         )
 
 

@@ -6,7 +6,8 @@ head, and a second kernel merges the partitions by their log-sum-exp. Prefill ru
 attention for each sequence's new tokens over its whole paged context.
 
 Both kernels accumulate in fp32 and keep scores in base 2 (``exp2``), with ``scale * log2(e)``
-folded into the scores.
+folded into the scores. ``window`` (sliding-window attention) limits each query to the ``window`` keys up to its own
+position; the kernels skip the tiles before them.
 """
 
 import functools
@@ -87,12 +88,13 @@ def _decode_split_kernel(
     stride_qs, stride_qh, stride_bt, stride_os, stride_oh, stride_osplit, stride_ls, stride_lh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, PARTITION: tl.constexpr,
-    STORE_LSE: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_N: tl.constexpr,
+    STORE_LSE: tl.constexpr, DOT_FP32: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Attention of one sequence's query heads sharing one KV head over one partition of its context.
 
     Writes the normalized partial output (``o_ptr``; the final output when there is one partition) and,
-    with STORE_LSE, the partition's base-2 log-sum-exp. Partitions past the context write nothing.
+    with STORE_LSE, the partition's base-2 log-sum-exp. Partitions past the context write nothing; a partition
+    wholly before the window writes zeros and a log-sum-exp of -inf, which the merge weighs as nothing.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -102,6 +104,8 @@ def _decode_split_kernel(
     if split_start >= seq_len:
         return
     split_end = tl.minimum(split_start + PARTITION, seq_len)
+    if WINDOW > 0:
+        split_start = tl.maximum(split_start, seq_len - WINDOW)
 
     group = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + group
@@ -130,6 +134,9 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + _pv(p, v, DOT_FP32)
         m_i = m_new
 
+    if WINDOW > 0:
+        # A partition wholly before the window saw no key: zeros, and a log-sum-exp of -inf (m_i stays -inf).
+        l_i = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_i[:, None]
     o_rows = o_ptr + seq * stride_os + heads * stride_oh + split * stride_osplit
     tl.store(o_rows[:, None] + dims[None, :], out.to(o_ptr.dtype.element_ty), mask=head_ok[:, None])
@@ -185,7 +192,7 @@ def _prefill_kernel(
     scale_log2e,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DOT_FP32: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DOT_FP32: tl.constexpr, WINDOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Causal attention of a tile of one sequence's new tokens, for every query head of one KV head.
@@ -223,18 +230,27 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    # Key 0 is visible to every row, so no row's running max stays -inf after the first tile.
-    for start in range(0, kv_end, BLOCK_N):
+    # Without a window, key 0 is visible to every row, so no row's running max stays -inf after the first tile.
+    # With one, a row may see nothing in the first tiles: its exponents are then taken from 0, so that they are 0.
+    kv_start = 0
+    if WINDOW > 0:
+        kv_start = tl.maximum(0, prefix_len + first_token - WINDOW + 1) // BLOCK_N * BLOCK_N
+    for start in range(kv_start, kv_end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         valid = keys < kv_end
         kv_rows = _token_offsets(block_table_row, keys, valid, kv_head, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
         k = tl.load(k_cache_ptr + kv_rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
         scores = _qk_scores(q, k, DOT_FP32) * scale_log2e
         visible = valid[None, :] & (keys[None, :] <= query_pos[:, None])
+        if WINDOW > 0:
+            visible = visible & (keys[None, :] > query_pos[:, None] - WINDOW)
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+        m_exp = m_new
+        if WINDOW > 0:
+            m_exp = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_exp)
+        p = tl.exp2(scores - m_exp[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
         acc = acc * alpha[:, None] + _pv(p, v, DOT_FP32)
@@ -303,6 +319,7 @@ def paged_decode_attention(
     *,
     out: torch.Tensor | None = None,
     partition_size: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence. ``q``: ``[num_seqs, num_heads, head_dim]``; returns the same shape.
 
@@ -335,7 +352,7 @@ def paged_decode_attention(
         q.stride(0), q.stride(1), block_tables.stride(0), *partial_strides, lse.stride(0), lse.stride(1),
         BLOCK_SIZE=block_size, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         GROUP=group, GROUP_PAD=max(16, group_pad), PARTITION=partition,
-        STORE_LSE=num_splits > 1, DOT_FP32=_dot_in_fp32(k_cache),
+        STORE_LSE=num_splits > 1, DOT_FP32=_dot_in_fp32(k_cache), WINDOW=window or 0,
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](
@@ -357,6 +374,7 @@ def paged_prefill_attention(
     *,
     out: torch.Tensor | None = None,
     max_query_len: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
@@ -382,6 +400,6 @@ def paged_prefill_attention(
         scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         BLOCK_SIZE=block_size, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        GROUP=group, GROUP_PAD=group_pad, DOT_FP32=_dot_in_fp32(k_cache),
+        GROUP=group, GROUP_PAD=group_pad, DOT_FP32=_dot_in_fp32(k_cache), WINDOW=window or 0,
     )
     return out

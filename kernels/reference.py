@@ -4,6 +4,9 @@ C++ kernels, and the path wherever those are not available.
 KV cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``, in the queries' dtype or another (the
 cache is widened or narrowed to the queries' as it is read). Block tables are int32 rows of block
 ids, padded with any valid block id; ``seq_lens`` counts every context token, the new ones included.
+
+``window`` (sliding-window attention, as Mistral and Gemma 3 have it): the query at position ``p`` sees the keys at
+positions ``p - window + 1`` to ``p``; None sees them all.
 """
 
 from collections.abc import Sequence
@@ -27,6 +30,7 @@ def paged_decode_attention(
     scale: float,
     *,
     max_seq_len: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence. ``q``: ``[num_seqs, num_heads, head_dim]``; returns the same shape.
 
@@ -36,8 +40,12 @@ def paged_decode_attention(
     tables = block_tables[:, :num_blocks]
     keys = _gather_context(k_cache, tables, max_len, q.dtype).transpose(1, 2)
     values = _gather_context(v_cache, tables, max_len, q.dtype).transpose(1, 2)
-    positions = torch.arange(max_len, device=q.device)
-    mask = (positions[None, :] < seq_lens[:, None].to(q.device))[:, None, None, :]
+    positions = torch.arange(max_len, device=q.device)[None, :]
+    lens = seq_lens[:, None].to(q.device)
+    mask = positions < lens
+    if window is not None:
+        mask &= positions >= lens - window
+    mask = mask[:, None, None, :]
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )
@@ -55,6 +63,7 @@ def paged_prefill_attention(
     *,
     query_starts: Sequence[int] | None = None,
     context_lens: Sequence[int] | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
@@ -76,13 +85,16 @@ def paged_prefill_attention(
         keys = _gather_context(k_cache, blocks, context_len, q.dtype).transpose(0, 1)
         values = _gather_context(v_cache, blocks, context_len, q.dtype).transpose(0, 1)
         queries = q[start:end].transpose(0, 1)
-        if num_new == context_len:
+        if num_new == context_len and window is None:
             attended = F.scaled_dot_product_attention(
                 queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
             )
         else:
             query_pos = torch.arange(context_len - num_new, context_len, device=q.device)
-            mask = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]
+            key_pos = torch.arange(context_len, device=q.device)[None, :]
+            mask = key_pos <= query_pos[:, None]
+            if window is not None:
+                mask &= key_pos > query_pos[:, None] - window
             attended = F.scaled_dot_product_attention(
                 queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
             )

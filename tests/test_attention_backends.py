@@ -1,5 +1,6 @@
 """The attention backend interface: prepare() once, forward() per layer, on a step that mixes decodes with chunked
-prefills over cached prefixes; every backend stores the same K/V and attends as the torch oracle does."""
+prefills over cached prefixes; every backend stores the same K/V and attends as the torch oracle does, with or
+without a sliding window."""
 
 import pytest
 import torch
@@ -54,9 +55,10 @@ def mixed_batch(decode_lens: list[int], prefills: list[tuple[int, int]], generat
 @given(
     decode_lens=st.lists(st.integers(1, 90), max_size=3),
     prefills=st.lists(st.tuples(st.integers(0, 60), st.integers(2, 40)), max_size=3),
+    window=st.one_of(st.none(), st.integers(1, 50)),
     seed=st.integers(0, 2**16),
 )
-def test_every_backend_stores_and_attends_as_the_oracle(decode_lens, prefills, seed):
+def test_every_backend_stores_and_attends_as_the_oracle(decode_lens, prefills, window, seed):
     if not decode_lens and not prefills:
         return
     generator = torch.Generator().manual_seed(seed)
@@ -69,7 +71,7 @@ def test_every_backend_stores_and_attends_as_the_oracle(decode_lens, prefills, s
 
     def run(backend: AttentionBackend) -> tuple[torch.Tensor, list[torch.Tensor]]:
         caches = [cache.clone() for cache in start_caches]
-        out = backend.forward(q, k, v, (caches[0], caches[1]), backend.prepare(batch), HEAD_DIM**-0.5)
+        out = backend.forward(q, k, v, (caches[0], caches[1]), backend.prepare(batch), HEAD_DIM**-0.5, window)
         return out, caches
 
     expected, expected_caches = run(TorchAttention(DEVICE))

@@ -77,7 +77,7 @@ def nan_like(q: torch.Tensor) -> torch.Tensor:
 
 def check_decode(
     lengths: list[int], block_size: int, num_kv_heads: int, group: int, head_dim: int,
-    dtype: torch.dtype, partition_size: int | None, seed: int,
+    dtype: torch.dtype, partition_size: int | None, seed: int, window: int | None = None,
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
     case = make_paged_case(lengths, block_size, num_kv_heads, head_dim, dtype, gen)
@@ -87,11 +87,12 @@ def check_decode(
 
     result = paged_attention.paged_decode_attention(
         q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale,
-        out=out, partition_size=partition_size,
+        out=out, partition_size=partition_size, window=window,
     )
 
     expected = reference.paged_decode_attention(
-        q.float(), case.clean_k_cache.float(), case.clean_v_cache.float(), case.block_tables, case.seq_lens, scale
+        q.float(), case.clean_k_cache.float(), case.clean_v_cache.float(), case.block_tables, case.seq_lens, scale,
+        window=window,
     )
     assert result is out and out.dtype == dtype
     assert not out.isnan().any()
@@ -100,7 +101,7 @@ def check_decode(
 
 def check_prefill(
     contexts: list[tuple[int, int]], block_size: int, num_kv_heads: int, group: int, head_dim: int,
-    dtype: torch.dtype, seed: int,
+    dtype: torch.dtype, seed: int, window: int | None = None,
 ) -> None:
     """``contexts`` holds each sequence's ``(cached prefix length, new token count)``."""
     gen = torch.Generator().manual_seed(seed)
@@ -111,12 +112,12 @@ def check_prefill(
     out = nan_like(q)
 
     result = paged_attention.paged_prefill_attention(
-        q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens_q, case.seq_lens, scale, out=out
+        q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens_q, case.seq_lens, scale, out=out, window=window
     )
 
     expected = reference.paged_prefill_attention(
         q.float(), case.clean_k_cache.float(), case.clean_v_cache.float(), case.block_tables, cu_seqlens_q,
-        case.seq_lens, scale,
+        case.seq_lens, scale, window=window,
     )
     assert result is out and out.dtype == dtype
     assert not out.isnan().any()
@@ -209,6 +210,37 @@ def test_prefill_chunked_and_empty(block_size: int, head_dim: int, dtype: torch.
 
 def test_prefill_ratio_eight() -> None:
     check_prefill([(5, 6), (0, 9)], 16, 1, 8, 64, torch.float32, seed=3)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(LENGTH_KINDS), min_size=1, max_size=3),
+    block_size=st.sampled_from([8, 16]),
+    window=st.integers(1, 40),
+    partition_size=st.sampled_from([None, 32]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_decode_with_a_sliding_window(
+    kinds: list[str], block_size: int, window: int, partition_size: int | None, seed: int
+) -> None:
+    """Contexts up to 61 tokens against windows down to one key; with 32-token partitions, whole partitions fall
+    before the window and must weigh nothing in the merge."""
+    lengths = [context_length(kind, block_size) for kind in kinds]
+    check_decode(lengths, block_size, 2, 3, 64, torch.float32, partition_size, seed, window=window)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    data=st.data(),
+    block_size=st.sampled_from([8, 16]),
+    window=st.integers(1, 40),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_prefill_with_a_sliding_window(data: st.DataObject, block_size: int, window: int, seed: int) -> None:
+    """Chunks after long cached prefixes and fresh prompts longer than the window: a query tile's later rows see
+    nothing in its first key tiles."""
+    contexts = data.draw(prefill_batches(block_size))
+    check_prefill(contexts, block_size, 2, 3, 64, torch.float32, seed, window=window)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""The compiled CPU kernels against the torch oracle: decode and prefill attention on random paged layouts, the
-KV store, and a layer's elementwise ops on random rows, including the strided Q/K views of a fused QKV output."""
+"""The compiled CPU kernels against the torch oracle: decode and prefill attention on random paged layouts, with and
+without a sliding window shorter than the contexts, the KV store, and a layer's elementwise ops on random rows,
+including the strided Q/K views of a fused QKV output."""
 
 import pytest
 import torch
@@ -40,17 +41,35 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.float() - expected).abs().max() / expected.abs().max())
 
 
-def assert_both_paths_match_the_oracle(compiled, name: str, q, k_cache, v_cache, *layout) -> None:
+def assert_both_paths_match_the_oracle(compiled, name: str, q, k_cache, v_cache, *layout, window=None) -> None:
     """The compiled kernel ``name`` and its torch version, on q and caches of any dtypes, against the torch
     version in fp32 on the same (rounded) cache values."""
     torch_version = getattr(reference, name)
-    expected = torch_version(q.float(), k_cache.float(), v_cache.float(), *layout)
+    expected = torch_version(q.float(), k_cache.float(), v_cache.float(), *layout, window=window)
     tolerance = 1e-5 if q.dtype == torch.float32 else 1e-2
-    actual = getattr(compiled, name)(q, k_cache, v_cache, *layout)
+    actual = getattr(compiled, name)(q, k_cache, v_cache, *layout, window or 0)
     assert actual.dtype == q.dtype and actual.shape == q.shape
     assert relative_error(actual, expected) < tolerance
     # The torch path, which serves where no compiler is, takes the same mixed dtypes.
-    assert relative_error(torch_version(q, k_cache, v_cache, *layout), expected) < tolerance
+    assert relative_error(torch_version(q, k_cache, v_cache, *layout, window=window), expected) < tolerance
+
+
+# No window, or one shorter than most of the contexts drawn.
+WINDOWS = st.one_of(st.none(), st.integers(1, 48))
+
+
+def test_a_window_changes_what_the_oracle_attends_to():
+    """The window is no no-op: the last query of a context longer than it attends to fewer keys."""
+    generator = torch.Generator().manual_seed(0)
+    k_cache, v_cache, tables = random_paged_cache(generator, [40], 8, 1, 64, torch.float32)
+    q, seq_lens = torch.randn(1, 1, 64, generator=generator), torch.tensor([40], dtype=torch.int32)
+    whole = reference.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
+    windowed = reference.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125, window=8)
+    assert not torch.allclose(whole, windowed)
+    # The window of one key is that key's value.
+    last = reference.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125, window=1)
+    block, offset = tables[0, 39 // 8], 39 % 8
+    torch.testing.assert_close(last[0, 0], v_cache[block, offset, 0])
 
 
 @settings(max_examples=40, deadline=None)
@@ -62,17 +81,18 @@ def assert_both_paths_match_the_oracle(compiled, name: str, q, k_cache, v_cache,
     lengths=st.lists(st.integers(1, 100), min_size=1, max_size=5),
     dtype=st.sampled_from(DTYPES),
     cache_dtype=st.sampled_from(DTYPES),
+    window=WINDOWS,
     seed=st.integers(0, 2**16),
 )
 def test_decode_matches_the_reference(
-    compiled, block_size, head_dim, kv_heads, group, lengths, dtype, cache_dtype, seed
+    compiled, block_size, head_dim, kv_heads, group, lengths, dtype, cache_dtype, window, seed
 ):
     generator = torch.Generator().manual_seed(seed)
     k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, cache_dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=generator).to(dtype)
     assert_both_paths_match_the_oracle(
-        compiled, "paged_decode_attention", q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5
+        compiled, "paged_decode_attention", q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, window=window
     )
 
 
@@ -86,10 +106,11 @@ def test_decode_matches_the_reference(
     sequences=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 75)), min_size=1, max_size=4),
     dtype=st.sampled_from(DTYPES),
     cache_dtype=st.sampled_from(DTYPES),
+    window=WINDOWS,
     seed=st.integers(0, 2**16),
 )
 def test_prefill_matches_the_reference(
-    compiled, block_size, head_dim, kv_heads, group, sequences, dtype, cache_dtype, seed
+    compiled, block_size, head_dim, kv_heads, group, sequences, dtype, cache_dtype, window, seed
 ):
     generator = torch.Generator().manual_seed(seed)
     lengths = [cached + new for cached, new in sequences]
@@ -101,7 +122,8 @@ def test_prefill_matches_the_reference(
     fused = torch.randn(int(cu_seqlens[-1]), (num_heads + 2) * head_dim, generator=generator).to(dtype)
     q = fused[:, : num_heads * head_dim].view(-1, num_heads, head_dim)
     assert_both_paths_match_the_oracle(
-        compiled, "paged_prefill_attention", q, k_cache, v_cache, tables, cu_seqlens, seq_lens, head_dim**-0.5
+        compiled, "paged_prefill_attention", q, k_cache, v_cache, tables, cu_seqlens, seq_lens, head_dim**-0.5,
+        window=window,
     )
 
 

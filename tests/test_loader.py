@@ -273,7 +273,7 @@ def test_crash_during_conversion_leaves_no_folder_behind(tmp_path: Path, monkeyp
     gguf_path.write_bytes(b"GGUF fake")
     cache = tmp_path / "cache"
     monkeypatch.setattr(loader, "convert_gguf_to_hf", crashing_converter)
-    with pytest.raises(RuntimeError, match="killed"):
+    with pytest.raises(loader.ModelFileError, match="killed"):
         resolve_model_folder(str(gguf_path), cache_dir=cache)
     assert list(cache.iterdir()) == []
 
@@ -350,9 +350,13 @@ def test_folder_without_config_is_rejected(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "not a Llama-family model"),
+        ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "architecture 'GPT2LMHeadModel' is not"),
+        ({"model_type": "gpt2"}, "architecture 'gpt2' is not supported"),
         ({**LLAMA_CONFIG, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
-        ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 4096}, "sliding_window"),
+        ({**LLAMA_CONFIG, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_scaling"),
+        ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+        ({"architectures": ["Gemma3ForCausalLM"], "final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ({**LLAMA_CONFIG, "hidden_act": "relu"}, "hidden_act=relu"),
         ({**LLAMA_CONFIG, "attention_bias": True}, "attention_bias"),
         ({**LLAMA_CONFIG, "quantization_config": {"quant_method": "awq"}}, "quantization_config"),
     ],
@@ -363,13 +367,20 @@ def test_unsupported_configs_are_rejected(tmp_path: Path, config: dict, message:
         resolve_model_folder(str(tmp_path / "model"))
 
 
-def test_llama_and_mistral_folders_are_accepted(tmp_path: Path) -> None:
-    llama = write_hf_folder(tmp_path / "llama", LLAMA_CONFIG)
-    mistral = write_hf_folder(
-        tmp_path / "mistral", {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": None}
-    )
-    assert resolve_model_folder(str(llama)) == llama
-    assert resolve_model_folder(str(mistral)) == mistral
+@pytest.mark.parametrize(
+    "config",
+    [
+        LLAMA_CONFIG,
+        {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 4096},
+        {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "sliding_window": 4096},
+        {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+        {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh"},
+        {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "sliding_window": 2047},
+    ],
+)
+def test_every_supported_family_is_accepted(tmp_path: Path, config: dict) -> None:
+    folder = write_hf_folder(tmp_path / "model", config)
+    assert resolve_model_folder(str(folder)) == folder
 
 
 def test_folder_without_weights_or_tokenizer_is_rejected(tmp_path: Path) -> None:

@@ -61,19 +61,20 @@ inline void axpy(float* out, float weight, const T* v, int64_t dim) {
 // acc[h][c:c+32] += sum over tokens of weights[h][t] * V[t][c:c+32] for `Heads` query heads of one KV head:
 // 32 columns of each head stay in registers (Heads * 4 + 4 of the 16) for the whole sweep over the tokens.
 template <int Heads, typename T>
-inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t len, int64_t block_size,
-                                int64_t block_stride, int64_t token_stride, const float* weights, float* acc,
-                                int64_t dim) {
+inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t first, int64_t len,
+                                int64_t block_size, int64_t block_stride, int64_t token_stride, const float* weights,
+                                float* acc, int64_t dim) {
   const int64_t num_blocks = (len + block_size - 1) / block_size;
+  const int64_t span = len - first;
   for (int64_t c = 0; c < dim; c += 32) {
     __m256 sums[Heads][4];
     for (int h = 0; h < Heads; ++h)
       for (int k = 0; k < 4; ++k) sums[h][k] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int64_t b = first / block_size; b < num_blocks; ++b) {
       const T* base = values + table[b] * block_stride + c;
       const T* next = b + 1 < num_blocks ? values + table[b + 1] * block_stride + c : nullptr;
       const int64_t rows = std::min(block_size, len - b * block_size);
-      for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t i = b == first / block_size ? first % block_size : 0; i < rows; ++i) {
         if (next != nullptr) {
           __builtin_prefetch(next + i * token_stride);
           __builtin_prefetch(next + i * token_stride + 16);
@@ -81,9 +82,9 @@ inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t 
         const T* v = base + i * token_stride;
         const __m256 v0 = vigil::load8(v), v1 = vigil::load8(v + 8);
         const __m256 v2 = vigil::load8(v + 16), v3 = vigil::load8(v + 24);
-        const int64_t t = b * block_size + i;
+        const int64_t t = b * block_size + i - first;
         for (int h = 0; h < Heads; ++h) {
-          const __m256 w = _mm256_set1_ps(weights[h * len + t]);
+          const __m256 w = _mm256_set1_ps(weights[h * span + t]);
           sums[h][0] = _mm256_fmadd_ps(w, v0, sums[h][0]);
           sums[h][1] = _mm256_fmadd_ps(w, v1, sums[h][1]);
           sums[h][2] = _mm256_fmadd_ps(w, v2, sums[h][2]);
@@ -98,48 +99,53 @@ inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t 
 
 // The V pass of a task: query heads of each KV head in runs of at most three.
 template <typename T>
-inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t len, int64_t block_size,
-                                int64_t block_stride, int64_t token_stride, int64_t head_stride,
+inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t first_token, int64_t len,
+                                int64_t block_size, int64_t block_stride, int64_t token_stride, int64_t head_stride,
                                 int64_t task_heads, int64_t group, const float* scores, float* acc, int64_t dim) {
+  const int64_t span = len - first_token;
   for (int64_t first = 0; first < task_heads; first += std::min<int64_t>(3, group - first % group)) {
     const int64_t count = std::min<int64_t>(3, group - first % group);
     const T* head_values = values + (first / group) * head_stride;
-    const float* weights = scores + first * len;
+    const float* weights = scores + first * span;
     float* out = acc + first * dim;
     if (count == 3)
-      weighted_values_avx2<3>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+      weighted_values_avx2<3>(head_values, table, first_token, len, block_size, block_stride, token_stride, weights,
+                              out, dim);
     else if (count == 2)
-      weighted_values_avx2<2>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+      weighted_values_avx2<2>(head_values, table, first_token, len, block_size, block_stride, token_stride, weights,
+                              out, dim);
     else
-      weighted_values_avx2<1>(head_values, table, len, block_size, block_stride, token_stride, weights, out, dim);
+      weighted_values_avx2<1>(head_values, table, first_token, len, block_size, block_stride, token_stride, weights,
+                              out, dim);
   }
 }
 #endif
 
-// Visits a sequence's token rows (every KV head of a token, contiguous) block by block. While it reads token i
-// of a block it prefetches token i of the next block: blocks lie anywhere in the pool, so no hardware
-// prefetcher follows them.
+// Visits a sequence's token rows first..len-1 (every KV head of a token, contiguous) block by block, passing
+// each one's index from first. While it reads token i of a block it prefetches token i of the next block: blocks
+// lie anywhere in the pool, so no hardware prefetcher follows them.
 template <typename T, typename Visit>
-inline void for_each_token(const T* cache, const int32_t* table, int64_t len, int64_t block_size,
+inline void for_each_token(const T* cache, const int32_t* table, int64_t first, int64_t len, int64_t block_size,
                            int64_t block_stride, int64_t token_stride, int64_t row_bytes, Visit&& visit) {
   const int64_t num_blocks = (len + block_size - 1) / block_size;
-  for (int64_t b = 0; b < num_blocks; ++b) {
+  for (int64_t b = first / block_size; b < num_blocks; ++b) {
     const T* base = cache + table[b] * block_stride;
     const T* next = b + 1 < num_blocks ? cache + table[b + 1] * block_stride : nullptr;
     const int64_t rows = std::min(block_size, len - b * block_size);
-    for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t i = b == first / block_size ? first % block_size : 0; i < rows; ++i) {
       if (next != nullptr) {
         const char* ahead = reinterpret_cast<const char*>(next + i * token_stride);
         for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
       }
-      visit(b * block_size + i, base + i * token_stride);
+      visit(b * block_size + i - first, base + i * token_stride);
     }
   }
 }
 
 template <typename T>
 void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, at::Tensor& out) {
+            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, int64_t window,
+            at::Tensor& out) {
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads;
@@ -163,6 +169,8 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
     for (int64_t task = begin; task < end; ++task) {
       const int64_t seq = task / tasks_per_seq, first_kv_head = (task % tasks_per_seq) * heads_per_task;
       const int64_t len = lens[seq];
+      // The keys the query sees: all of them, or the last `window`.
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, span = len - first;
       const int32_t* table = tables + seq * table_width;
       const int64_t head_offset = first_kv_head * head_stride;
       for (int64_t h = 0; h < task_heads; ++h) {
@@ -175,26 +183,26 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                     out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h));
         }
       };
-      scores.resize(task_heads * len);
-      for_each_token(k_ptr + head_offset, table, len, block_size, block_stride, token_stride, row_bytes,
+      scores.resize(task_heads * span);
+      for_each_token(k_ptr + head_offset, table, first, len, block_size, block_stride, token_stride, row_bytes,
                      [&](int64_t t, const T* row) {
                        for (int64_t h = 0; h < task_heads; ++h)
-                         scores[h * len + t] = score(&queries[h * dim], row + (h / group) * head_stride, dim);
+                         scores[h * span + t] = score(&queries[h * dim], row + (h / group) * head_stride, dim);
                      });
-      for (int64_t h = 0; h < task_heads; ++h) vigil::softmax(&scores[h * len], len);
+      for (int64_t h = 0; h < task_heads; ++h) vigil::softmax(&scores[h * span], span);
       std::fill(acc.begin(), acc.end(), 0.f);
 #ifdef VIGIL_AVX2
       if (dim % 32 == 0) {
-        weighted_values_avx2(v_ptr + head_offset, table, len, block_size, block_stride, token_stride, head_stride,
-                             task_heads, group, scores.data(), acc.data(), dim);
+        weighted_values_avx2(v_ptr + head_offset, table, first, len, block_size, block_stride, token_stride,
+                             head_stride, task_heads, group, scores.data(), acc.data(), dim);
         write_out(acc.data());
         continue;
       }
 #endif
-      for_each_token(v_ptr + head_offset, table, len, block_size, block_stride, token_stride, row_bytes,
+      for_each_token(v_ptr + head_offset, table, first, len, block_size, block_stride, token_stride, row_bytes,
                      [&](int64_t t, const T* row) {
                        for (int64_t h = 0; h < task_heads; ++h)
-                         axpy(&acc[h * dim], scores[h * len + t], row + (h / group) * head_stride, dim);
+                         axpy(&acc[h * dim], scores[h * span + t], row + (h / group) * head_stride, dim);
                      });
       write_out(acc.data());
     }
@@ -203,14 +211,15 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
 }  // namespace
 
+// window > 0: each query sees only the last `window` keys of its context (sliding-window attention).
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                     at::Tensor block_tables, at::Tensor seq_lens, double scale) {
+                                     at::Tensor block_tables, at::Tensor seq_lens, double scale, int64_t window) {
   vigil::check_paged_attention_inputs(q, k_cache, v_cache);
   TORCH_CHECK(q.size(2) % kLanes == 0, "head_dim must be a multiple of 8");
   auto tables = block_tables.to(at::kInt).contiguous();
   auto lens = seq_lens.to(at::kInt).contiguous();
   const auto kernel = [&](auto cache_type, const at::Tensor& queries, at::Tensor& out) {
-    decode<decltype(cache_type)>(queries, k_cache, v_cache, tables, lens, scale, out);
+    decode<decltype(cache_type)>(queries, k_cache, v_cache, tables, lens, scale, window, out);
   };
   return vigil::attend_in_fp32(q, k_cache.scalar_type(), kernel);
 }

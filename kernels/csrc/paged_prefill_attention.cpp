@@ -103,7 +103,7 @@ struct Task {
 template <typename T>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
              const std::vector<int64_t>& cu_seqlens, const std::vector<int64_t>& seq_lens, double scale,
-             at::Tensor& out) {
+             int64_t window, at::Tensor& out) {
   const int64_t num_heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads, table_width = tables.size(1);
@@ -128,8 +128,11 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       const int64_t rows = tokens * group;
       // Row r is new token first_token + r / group, at this position, and query head kv_head * group + r % group.
       const int64_t first_position = seq_lens[task.seq] - num_new + task.first_token;
-      const int64_t span = first_position + tokens;  // keys the tile's last token sees
-      const int64_t chunks = (span + kChunk - 1) / kChunk, width = chunks * kChunk;
+      const int64_t span = first_position + tokens;  // keys up to the tile's last token
+      // With a window, the chunks before the first key that the tile's first token sees are skipped.
+      const int64_t first_chunk = window > 0 ? std::max<int64_t>(0, first_position - window + 1) / kChunk : 0;
+      const int64_t chunks = (span + kChunk - 1) / kChunk, width = (chunks - first_chunk) * kChunk;
+      const int64_t base = first_chunk * kChunk;
       const int32_t* table = table_ptr + task.seq * table_width;
       const auto row_of = [&](const T* cache, int64_t token) {
         return cache + table[token / block_size] * block_stride + (token % block_size) * token_stride +
@@ -147,27 +150,30 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
         for (int64_t d = 0; d < dim; ++d) queries[r * dim + d] = src[d] * static_cast<float>(scale);
       }
       scores.resize(rows * width);
-      for (int64_t c = 0; c < chunks; ++c) {
+      for (int64_t c = first_chunk; c < chunks; ++c) {
         const int64_t count = std::min(kChunk, span - c * kChunk);
         std::fill(keys.begin(), keys.end(), 0.f);
         for (int64_t j = 0; j < count; ++j) {
           widen(row_of(k_ptr, c * kChunk + j), key.data(), dim);
           for (int64_t d = 0; d < dim; ++d) keys[d * kChunk + j] = key[d];
         }
-        chunk_scores(queries.data(), rows, keys.data(), dim, scores.data() + c * kChunk, width);
+        chunk_scores(queries.data(), rows, keys.data(), dim, scores.data() + c * kChunk - base, width);
       }
       for (int64_t r = 0; r < rows; ++r) {
         float* row = scores.data() + r * width;
-        const int64_t len = first_position + r / group + 1;
-        vigil::softmax(row, len);
-        std::fill(row + len, row + width, 0.f);
+        // The row's keys, counted from base: up to its own position, and from `window` before it.
+        const int64_t end = first_position + r / group + 1 - base;
+        const int64_t begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+        std::fill(row, row + begin, 0.f);
+        vigil::softmax(row + begin, end - begin);
+        std::fill(row + end, row + width, 0.f);
       }
       acc.assign(rows * dim, 0.f);
-      for (int64_t c = 0; c < chunks; ++c) {
+      for (int64_t c = first_chunk; c < chunks; ++c) {
         const int64_t count = std::min(kChunk, span - c * kChunk);
         std::fill(values.begin() + count * dim, values.end(), 0.f);
         for (int64_t j = 0; j < count; ++j) widen(row_of(v_ptr, c * kChunk + j), values.data() + j * dim, dim);
-        chunk_values(scores.data() + c * kChunk, width, rows, values.data(), dim, acc.data());
+        chunk_values(scores.data() + c * kChunk - base, width, rows, values.data(), dim, acc.data());
       }
       for (int64_t r = 0; r < rows; ++r) {
         const float* sums = acc.data() + r * dim;
@@ -179,8 +185,9 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 
 }  // namespace
 
+// window > 0: each query sees only the `window` keys up to its own position (sliding-window attention).
 at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale) {
+                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale, int64_t window) {
   vigil::check_paged_attention_inputs(q, k_cache, v_cache);
   TORCH_CHECK(k_cache.size(1) % kChunk == 0, "block size must be a multiple of 8");
   auto tables = block_tables.to(at::kInt).contiguous();
@@ -197,7 +204,7 @@ at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor 
     TORCH_CHECK(context_lens[i] <= tables.size(1) * k_cache.size(1), "a context is longer than its block table");
   }
   const auto kernel = [&](auto cache_type, const at::Tensor& queries, at::Tensor& out) {
-    prefill<decltype(cache_type)>(queries, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, out);
+    prefill<decltype(cache_type)>(queries, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, window, out);
   };
   return vigil::attend_in_fp32(q, k_cache.scalar_type(), kernel);
 }

@@ -13,9 +13,9 @@ from server.engine.model_runner import ModelRunner, kv_bytes_per_block
 from server.engine.scheduler import Scheduler, SchedulerConfig
 from server.engine.stats import CacheInfo, EngineInfo
 from server.models.config import ModelConfig
-from server.models.linear import fp16_weight_gemm_available
-from server.models.llama import LlamaModel
+from server.models.linear import fp16_weight_gemm_available, make_linear
 from server.models.loader import load_weights, resolve_model_folder
+from server.models.registry import build_model
 from server.models.tokenizer import Tokenizer
 
 logger = logging.getLogger("vigil.engine")
@@ -97,8 +97,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     weights = {name: w.to(device) for name, w in load_weights(folder, dtype).items()}
     weight_dtype = resolve_weight_dtype(config.weight_dtype, dtype, device)
     attention = select_attention_backend(device)
-    model = LlamaModel(
-        model_config, weights, attention, select_layer_ops(device), device, weight_dtype, config.quantization
+    model = build_model(
+        model_config, weights, lambda weight: make_linear(weight, weight_dtype, config.quantization), attention,
+        select_layer_ops(device), device, weight_dtype,
     )
     del weights
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,

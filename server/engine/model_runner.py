@@ -10,7 +10,7 @@ from server.engine.request import TokenLogprob
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledRequest, SchedulerOutput
 from server.models.config import ModelConfig
-from server.models.llama import LlamaModel
+from server.models.decoder import DecoderModel
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -44,7 +44,7 @@ class ModelRunnerOutput:
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype,

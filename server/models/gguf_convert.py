@@ -1,13 +1,16 @@
 """One-time conversion of a llama.cpp GGUF file into a Hugging Face style model folder.
 
 The folder holds ``config.json``, ``model.safetensors`` (float32, the exact dequantized values),
-``tokenizer.json`` and ``tokenizer_config.json``, so that the engine and
-``transformers.LlamaForCausalLM.from_pretrained`` load the very same weights.
+``tokenizer.json`` and ``tokenizer_config.json``, so that the engine and transformers'
+``from_pretrained`` load the very same weights. Each architecture llama.cpp writes differently is undone here:
+Llama's Q/K rows are interleaved for its RoPE kernel, Gemma's norms are stored as ``1 + weight``, and the tensor
+names differ where a family has norms Llama has not.
 """
 
 import json
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +18,21 @@ import gguf
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
+from server.models.config import (
+    FULL_ATTENTION,
+    GEMMA3_SLIDING_WINDOW_PATTERN,
+    SLIDING_ATTENTION,
+    UnsupportedModelError,
+)
+from server.models.gguf_tokenizer import build_tokenizer, tokenizer_config
+
 # Bump whenever the produced folder changes, so that caches written by an older converter are not reused.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 
-# GGUF does not record the dtype the model was trained in; bfloat16 is SmolLM2's (and most Llamas').
+# GGUF does not record the dtype the model was trained in; bfloat16 is that of every family read here.
 NATIVE_TORCH_DTYPE = "bfloat16"
-
-_TOKEN_TYPE_CONTROL = 3
-_TOKEN_TYPE_USER_DEFINED = 4
 
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -37,34 +44,65 @@ _BLOCK_TENSORS = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "attn_output": "self_attn.o_proj",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_BLOCK_TENSOR_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_BLOCK_TENSOR_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# llama.cpp's hard-wired RoPE base for Gemma 3's sliding layers.
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one GGUF ``general.architecture`` maps onto its Hugging Face model."""
+
+    hf_architecture: str
+    model_type: str
+    permute_qk: bool = False
+    norm_offset: float = 0.0
+    renames: dict[str, str] = field(default_factory=dict)
+
+
+ARCHITECTURES = {
+    "llama": Architecture("LlamaForCausalLM", "llama", permute_qk=True),
+    "qwen2": Architecture("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": Architecture("Qwen3ForCausalLM", "qwen3"),
+    "phi3": Architecture("Phi3ForCausalLM", "phi3", renames={"ffn_up": "mlp.gate_up_proj"}),
+    "gemma3": Architecture("Gemma3ForCausalLM", "gemma3_text", norm_offset=1.0, renames={
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    }),
+}
 
 
 def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     """Write the HF folder for ``gguf_path`` into the existing, empty directory ``out_dir``."""
     reader = gguf.GGUFReader(str(gguf_path))
     meta = _Metadata(reader)
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{gguf_path}: GGUF architecture {arch!r} is not supported, only 'llama'")
-
-    tensors = _convert_tensors(reader, meta)
+    name = meta.get("general.architecture")
+    if name not in ARCHITECTURES:
+        raise UnsupportedModelError(f"{gguf_path}: GGUF architecture {name!r} is not supported, only "
+                         f"{', '.join(repr(a) for a in ARCHITECTURES)}")
+    arch = ARCHITECTURES[name]
+    tensors = _convert_tensors(reader, meta, name, arch)
     config = _hf_config(
-        meta,
+        meta, name, arch,
         vocab_size=tensors["model.embed_tokens.weight"].shape[0],
         tie_word_embeddings="lm_head.weight" not in tensors,
     )
     out_dir = Path(out_dir)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _build_tokenizer(meta).save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(meta), indent=2) + "\n")
+    build_tokenizer(meta, name).save(str(out_dir / "tokenizer.json"))
+    context_length = meta.get(f"{name}.context_length", None)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(meta, context_length), indent=2) + "\n")
 
 
 def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -90,55 +128,66 @@ class _Metadata:
         return field.contents()
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, arch: Architecture) -> str:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
     match = _BLOCK_TENSOR_NAME.fullmatch(gguf_name)
-    if match and match.group(2) in _BLOCK_TENSORS:
-        return f"model.layers.{match.group(1)}.{_BLOCK_TENSORS[match.group(2)]}.weight"
+    if match:
+        layer, part, kind = match.groups()
+        hf_part = arch.renames.get(part, _BLOCK_TENSORS.get(part))
+        if hf_part is not None:
+            return f"model.layers.{layer}.{hf_part}.{kind}"
     # e.g. rope_freqs (Llama 3.1 RoPE scaling), which the engine cannot honour: refuse rather than drift.
-    raise ValueError(f"GGUF tensor {gguf_name!r} is not supported by the Llama converter")
+    raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} is not supported by the converter")
 
 
-def _convert_tensors(reader: gguf.GGUFReader, meta: _Metadata) -> dict[str, torch.Tensor]:
-    n_head = meta.get("llama.attention.head_count")
-    n_head_kv = meta.get("llama.attention.head_count_kv", n_head)
+def _convert_tensors(
+    reader: gguf.GGUFReader, meta: _Metadata, name: str, arch: Architecture
+) -> dict[str, torch.Tensor]:
+    n_head = meta.get(f"{name}.attention.head_count")
+    n_head_kv = meta.get(f"{name}.attention.head_count_kv", n_head)
     tensors: dict[str, torch.Tensor] = {}
     progress = tqdm(reader.tensors, desc="Dequantizing GGUF", unit="tensor", file=sys.stderr, disable=None)
     for tensor in progress:
-        name = _hf_name(tensor.name)
+        hf_name = _hf_name(tensor.name, arch)
         weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        if name.endswith("q_proj.weight"):
+        if arch.permute_qk and hf_name.endswith("q_proj.weight"):
             weight = unpermute_qk(weight, n_head)
-        elif name.endswith("k_proj.weight"):
+        elif arch.permute_qk and hf_name.endswith("k_proj.weight"):
             weight = unpermute_qk(weight, n_head_kv)
-        tensors[name] = torch.from_numpy(np.require(weight, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+        if arch.norm_offset and hf_name.endswith("norm.weight"):
+            weight = weight - arch.norm_offset
+        tensors[hf_name] = torch.from_numpy(np.require(weight, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
     return tensors
 
 
-def _hf_config(meta: _Metadata, vocab_size: int, tie_word_embeddings: bool) -> dict[str, Any]:
-    hidden = meta.get("llama.embedding_length")
-    n_head = meta.get("llama.attention.head_count")
-    head_dim = meta.get("llama.attention.key_length", hidden // n_head)
-    rope_dims = meta.get("llama.rope.dimension_count", head_dim)
+def _hf_config(
+    meta: _Metadata, name: str, arch: Architecture, vocab_size: int, tie_word_embeddings: bool
+) -> dict[str, Any]:
+    hidden = meta.get(f"{name}.embedding_length")
+    n_head = meta.get(f"{name}.attention.head_count")
+    n_layers = meta.get(f"{name}.block_count")
+    head_dim = meta.get(f"{name}.attention.key_length", hidden // n_head)
+    rope_dims = meta.get(f"{name}.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise ValueError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
-    if meta.get("llama.rope.scaling.type", "none") != "none":
-        raise ValueError("RoPE scaling is not supported")
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        raise UnsupportedModelError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
+    if meta.get(f"{name}.rope.scaling.type", "none") != "none":
+        raise UnsupportedModelError("RoPE scaling is not supported")
+    window = meta.get(f"{name}.attention.sliding_window", None)
+    config = {
+        "architectures": [arch.hf_architecture],
+        "model_type": arch.model_type,
         "vocab_size": vocab_size,
         "hidden_size": hidden,
-        "intermediate_size": meta.get("llama.feed_forward_length"),
-        "num_hidden_layers": meta.get("llama.block_count"),
+        "intermediate_size": meta.get(f"{name}.feed_forward_length"),
+        "num_hidden_layers": n_layers,
         "num_attention_heads": n_head,
-        "num_key_value_heads": meta.get("llama.attention.head_count_kv", n_head),
+        "num_key_value_heads": meta.get(f"{name}.attention.head_count_kv", n_head),
         "head_dim": head_dim,
-        "rms_norm_eps": meta.get("llama.attention.layer_norm_rms_epsilon"),
-        "rope_theta": meta.get("llama.rope.freq_base", 10000.0),
+        "rms_norm_eps": meta.get(f"{name}.attention.layer_norm_rms_epsilon"),
+        "rope_theta": meta.get(f"{name}.rope.freq_base", 10000.0),
         "rope_scaling": None,
-        "max_position_embeddings": meta.get("llama.context_length"),
+        "max_position_embeddings": meta.get(f"{name}.context_length"),
         "tie_word_embeddings": tie_word_embeddings,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id", None),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id", None),
@@ -146,57 +195,28 @@ def _hf_config(meta: _Metadata, vocab_size: int, tie_word_embeddings: bool) -> d
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
+        "sliding_window": window,
         "torch_dtype": NATIVE_TORCH_DTYPE,
     }
-
-
-def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    if pre == "smollm":
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    # Other pre-tokenizer names (llama-bpe, qwen2, ...) use their own split regexes that are not
-    # reproduced here; the GPT-2 regex is the closest general fallback and is exact for 'gpt2'/'default'.
-    return byte_level
-
-
-def _build_tokenizer(meta: _Metadata) -> Tokenizer:
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported, only byte-level BPE ('gpt2')")
-    tokens: list[str] = meta.get("tokenizer.ggml.tokens")
-    merges = [tuple(merge.split(" ", 1)) for merge in meta.get("tokenizer.ggml.merges")]
-    tokenizer = Tokenizer(models.BPE(vocab={tok: i for i, tok in enumerate(tokens)}, merges=merges))
-    tokenizer.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-
-    token_types = meta.get("tokenizer.ggml.token_type", [])
-    special = [tokens[i] for i, kind in enumerate(token_types) if kind == _TOKEN_TYPE_CONTROL]
-    user_defined = [tokens[i] for i, kind in enumerate(token_types) if kind == _TOKEN_TYPE_USER_DEFINED]
-    tokenizer.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in special])
-    tokenizer.add_tokens([AddedToken(tok, special=False, normalized=False) for tok in user_defined])
-    return tokenizer
-
-
-def _tokenizer_config(meta: _Metadata) -> dict[str, Any]:
-    tokens: list[str] = meta.get("tokenizer.ggml.tokens")
-
-    def token(key: str) -> str | None:
-        token_id = meta.get(f"tokenizer.ggml.{key}_token_id", None)
-        return None if token_id is None else tokens[token_id]
-
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": token("bos"),
-        "eos_token": token("eos"),
-        "pad_token": token("padding"),
-        "unk_token": token("unknown"),
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": meta.get("llama.context_length"),
-    }
-    chat_template = meta.get("tokenizer.chat_template", None)
-    if chat_template is not None:
-        config["chat_template"] = chat_template
+    if name == "llama" and window:
+        # Mistral is written as a Llama; a sliding window is what tells it apart.
+        config |= {"architectures": ["MistralForCausalLM"], "model_type": "mistral"}
+    if name == "gemma3":
+        config |= _gemma3_config(hidden, n_head, n_layers, head_dim, window)
     return config
+
+
+def _gemma3_config(hidden: int, n_head: int, n_layers: int, head_dim: int, window: int | None) -> dict[str, Any]:
+    """What llama.cpp knows of Gemma 3 without reading it from the file: every sixth layer is global, the sliding
+    layers' RoPE base, GeGLU, and the query scale (the 27B model's, 62 layers, is hidden / heads)."""
+    pattern = GEMMA3_SLIDING_WINDOW_PATTERN
+    layer_types = [SLIDING_ATTENTION if (i + 1) % pattern and window else FULL_ATTENTION for i in range(n_layers)]
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": layer_types,
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_THETA,
+        "query_pre_attn_scalar": hidden // n_head if n_layers == 62 else head_dim,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+    }

