@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from server.engine.request import InvalidRequestError, SamplingParams
-from server.engine.sampler import Sampler, apply_penalties, unpack_bitmask
+from server.engine.sampler import Sampler, apply_penalties, refused_tokens
 from tests.engine_helpers import make_request
 
 
@@ -81,6 +81,7 @@ def test_bitmasks_unpack_bit_t_of_word_t_over_32():
     bitmask = torch.zeros((2, 2), dtype=torch.int32)
     bitmask[0, 0] = 1 << 3
     bitmask[1, 1] = -(2**31)  # bit 31 of the second word: token 63
-    allowed = unpack_bitmask(bitmask, 64)
+    allowed = ~refused_tokens(bitmask, 60 + 4)
     assert allowed[0].nonzero().view(-1).tolist() == [3]
     assert allowed[1].nonzero().view(-1).tolist() == [63]
+    assert refused_tokens(bitmask, 40).shape == (2, 40)

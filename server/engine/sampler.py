@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from server.engine.logprobs import gather_logprobs
@@ -128,18 +129,21 @@ def apply_constraints(logits: torch.Tensor, requests: list[Request]) -> None:
     bitmask = torch.zeros((len(rows), (vocab_size + 31) // 32), dtype=torch.int32)
     for i, row in enumerate(rows):
         requests[row].constraint.fill_bitmask(bitmask[i])
-    allowed = unpack_bitmask(bitmask, vocab_size)
+    refused = refused_tokens(bitmask, vocab_size)
     for i, row in enumerate(rows):
-        if not allowed[i].any():
-            allowed[i, list(requests[row].eos_token_ids)] = True
-    index = torch.tensor(rows)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        if refused[i].all():
+            refused[i, list(requests[row].eos_token_ids)] = False
+    refused = refused.to(logits.device)
+    if len(rows) == len(requests):
+        logits.masked_fill_(refused, float("-inf"))
+    else:
+        index = torch.tensor(rows, device=logits.device)
+        logits[index] = logits[index].masked_fill_(refused, float("-inf"))
 
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
-
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 words ``[rows, words]`` to booleans ``[rows, vocab_size]``: bit ``t % 32`` of word ``t // 32``."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
-    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+def refused_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 words ``[rows, words]`` to booleans ``[rows, vocab_size]``, True where the bit is clear: bit
+    ``t % 32`` of word ``t // 32`` stands for token ``t``. numpy unpacks the bytes (little-endian words) several
+    times faster than shifts in torch."""
+    inverted = np.invert(bitmask.numpy().view(np.uint8))
+    return torch.from_numpy(np.unpackbits(inverted, axis=1, bitorder="little")[:, :vocab_size].view(np.bool_))
