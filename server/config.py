@@ -1,5 +1,7 @@
 """Engine and server settings as plain dataclasses, with vLLM-style names."""
 
+import dataclasses
+import json
 import re
 from dataclasses import dataclass
 
@@ -21,6 +23,44 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int4")
 
 
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``--speculative-config``: ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1}``. Only the n-gram (prompt lookup) method runs today."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 3
+    prompt_lookup_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise ValueError(f"speculative method {self.method!r} is not supported (ngram is)")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max")
+
+    @classmethod
+    def parse(cls, text: str) -> "SpeculativeConfig":
+        """From the flag's JSON; raises ValueError naming what is wrong."""
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--speculative-config is not JSON: {error}") from None
+        if not isinstance(fields, dict):
+            raise ValueError("--speculative-config must be a JSON object")
+        known = {field.name for field in dataclasses.fields(cls)}
+        if unknown := set(fields) - known:
+            raise ValueError(f"--speculative-config: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        if not all(isinstance(value, str if name == "method" else int) for name, value in fields.items()):
+            raise ValueError("--speculative-config: method is a string, the other keys integers")
+        return cls(**fields)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None
@@ -37,6 +77,7 @@ class EngineConfig:
     max_queue_len: int = 1024
     enable_prefix_caching: bool = True
     quantization: str | None = None
+    speculative_config: SpeculativeConfig | None = None
     stop_on_repetition: bool = False
     cache_dir: str | None = None
 

@@ -3,7 +3,7 @@
 import argparse
 import dataclasses
 
-from server.config import DTYPE_CHOICES, QUANTIZATIONS, EngineConfig, parse_bytes
+from server.config import DTYPE_CHOICES, QUANTIZATIONS, EngineConfig, SpeculativeConfig, parse_bytes
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -32,10 +32,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     group.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
                        help="keep the weight matrices quantised, made at load time from any checkpoint: int8 (one "
-                            "scale per output channel) or int4 (one scale per 32 input features)")
+                            "scale per output channel) or int4 (a scale and a minimum per 32 input features)")
+    group.add_argument("--speculative-config", type=_speculative_config, default=None,
+                       help='speculative decoding, as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+                            '"prompt_lookup_max": 3, "prompt_lookup_min": 1}; off by default')
     group.add_argument("--stop-on-repetition", action="store_true",
                        help="end a request whose output loops (finish_reason stop, stop_reason repetition)")
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
+
+
+def _speculative_config(text: str) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig.parse(text)
+    except (TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -54,6 +64,8 @@ def engine_flags(config: EngineConfig) -> list[str]:
             flags += [] if value else ["--no-enable-prefix-caching"]
         elif isinstance(value, bool):
             flags += [f"--{field.name.replace('_', '-')}"] if value else []
+        elif isinstance(value, SpeculativeConfig):
+            flags += ["--speculative-config", value.to_json()]
         else:
             flags += [f"--{field.name.replace('_', '-')}", str(value)]
     return flags

@@ -14,6 +14,7 @@ TOKEN_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 
 SPEED_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000)
 TEMPERATURE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0)
 TOP_P_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+SPEC_LENGTH_BUCKETS = tuple(float(n) for n in range(9))
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 ERROR_REASONS = (
@@ -150,6 +151,15 @@ class VigilMetrics:
         self.flops_utilization = gauge(
             "vigil_model_flops_utilization_ratio",
             "Model FLOPs per second of engine-busy time over the matmul peak, over the last 10 s.",
+        )
+        self.spec_decode_draft_tokens = counter(
+            "vigil_spec_decode_num_draft_tokens_total", "Speculative tokens guessed and checked."
+        )
+        self.spec_decode_accepted_tokens = counter(
+            "vigil_spec_decode_num_accepted_tokens_total", "Speculative tokens the target model kept."
+        )
+        self.spec_decode_accepted_length = histogram(
+            "vigil_spec_decode_accepted_length", "Speculative tokens kept per request per step.", SPEC_LENGTH_BUCKETS
         )
         self.request_prompt_tokens = histogram(
             "vigil_request_prompt_tokens", "Prompt length per request.", TOKEN_COUNT_BUCKETS

@@ -29,9 +29,9 @@ def make_scheduler(
     )
 
 
-def fake_model_output(output: SchedulerOutput, token: int = 7) -> list[int | None]:
-    """What a model would return: one token for each request brought up to date, None for partial chunks."""
-    return [token if item.samples else None for item in output.scheduled]
+def fake_model_output(output: SchedulerOutput, token: int = 7) -> list[list[int]]:
+    """What a model would return: one token for each request brought up to date, none for partial chunks."""
+    return [[token] if item.samples else [] for item in output.scheduled]
 
 
 def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> list[SchedulerOutput]:

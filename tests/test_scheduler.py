@@ -105,7 +105,7 @@ def test_eos_stop_token_and_length_finish_requests_and_free_their_blocks():
     scheduler.add_request(eos)
     scheduler.add_request(stop)
     output = scheduler.schedule()
-    scheduler.update_from_output(output, [2, 9])
+    scheduler.update_from_output(output, [[2], [9]])
     assert (eos.status, eos.stop_reason) == (RequestStatus.FINISHED_STOPPED, None)
     assert (stop.status, stop.stop_reason) == (RequestStatus.FINISHED_STOPPED, 9)
     assert not scheduler.has_unfinished
@@ -119,7 +119,7 @@ def test_ignore_eos_keeps_generating():
     scheduler.add_request(request)
     for _ in range(3):
         output = scheduler.schedule()
-        scheduler.update_from_output(output, [2])
+        scheduler.update_from_output(output, [[2]])
     assert request.output_token_ids == [2, 2, 2]
     assert request.status == RequestStatus.FINISHED_LENGTH
 

@@ -125,15 +125,27 @@ class BlockManager:
                 self.block_hash[block_id] = block_hash
                 self.block_tokens[block_id] = tokens
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Keep only the blocks that ``num_tokens`` tokens fill: the rollback of speculative tokens the target
+        rejected. The blocks dropped hold no published hash (only computed tokens' blocks are hashed)."""
+        held = self._held.get(request_id, [])
+        keep = -(-num_tokens // self.block_size)
+        for block_id in reversed(held[keep:]):
+            self._release(block_id)
+        del held[keep:]
+
     def free(self, request_id: str) -> None:
         """Drop the request's claim on its blocks, tail first so that shared prefixes are evicted last."""
         self._held_hashes.pop(request_id, None)
         for block_id in reversed(self._held.pop(request_id, [])):
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] == 0:
-                self.free_blocks[block_id] = None
-                if self.block_hash[block_id] is None:
-                    self.free_blocks.move_to_end(block_id, last=False)
+            self._release(block_id)
+
+    def _release(self, block_id: int) -> None:
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
+            self.free_blocks[block_id] = None
+            if self.block_hash[block_id] is None:
+                self.free_blocks.move_to_end(block_id, last=False)
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)

@@ -2,7 +2,7 @@
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from server.config import EngineConfig
 from server.engine.constraint import TokenConstraint
@@ -12,6 +12,7 @@ from server.engine.output_processor import OutputProcessor
 from server.engine.repetition import RepetitionDetector
 from server.engine.request import InvalidRequestError, Request, RequestOutput, RequestStatus, SamplingParams
 from server.engine.scheduler import Scheduler, SchedulerOutput
+from server.engine.spec_decode.proposers import can_speculate, proposer_for
 from server.engine.stats import CacheInfo, EngineInfo, FinishedRequestStats, RequestEvent, StepStats
 from server.models.config import ModelConfig
 from server.models.tokenizer import Tokenizer
@@ -44,6 +45,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(tokenizer)
         self.model_flops = ModelFlops.of(model_config)
         self.requests: dict[str, Request] = {}
+        self.proposer = proposer_for(config.speculative_config)
         self.stats_listeners: list[StatsListener] = []
         self._pending_events: list[RequestEvent] = []
         self._pending_finished: list[FinishedRequestStats] = []
@@ -147,16 +149,20 @@ class LLMEngine:
         started = time.monotonic()
         scheduled = self.scheduler.schedule()
         outputs: list[RequestOutput] = []
-        received: list[Request] = []
+        received: list[tuple[Request, int]] = []
         inter_token_latencies: list[float] = []
+        accepted_lengths: list[int] = []
         if not scheduled.is_empty:
             ran = self.runner.execute(scheduled)
             self._record_logprobs(scheduled, ran)
             received = self.scheduler.update_from_output(scheduled, ran.sampled)
-            inter_token_latencies = self._stamp_tokens(received)
-            outputs = [self._process(request) for request in received]
+            accepted_lengths = ran.accepted_lengths
+            inter_token_latencies = self._stamp_tokens([request for request, _ in received])
+            outputs = [self._process(request, count) for request, count in received]
+            if self.proposer is not None:
+                self._propose(request for request, _ in received)
         if self.stats_listeners and (not scheduled.is_empty or self._pending_finished):
-            stats = self._step_stats(scheduled, received, inter_token_latencies, started)
+            stats = self._step_stats(scheduled, received, inter_token_latencies, accepted_lengths, started)
             for listener in self.stats_listeners:
                 listener(stats)
         self._pending_events.clear()
@@ -184,8 +190,25 @@ class LLMEngine:
             times.last_token = now
         return inter_token_latencies
 
-    def _process(self, request: Request) -> RequestOutput:
-        stop = self.output_processor.update_text(request)
+    def _propose(self, requests: Iterable[Request]) -> None:
+        """Guesses at each running request's next tokens, for the next step to check; never past its limits."""
+        for request in requests:
+            if request.status != RequestStatus.RUNNING or not can_speculate(request):
+                continue
+            room = min(request.max_tokens - len(request.output_token_ids), self.max_model_len - request.num_tokens)
+            request.spec_token_ids = self.proposer.propose(request.all_token_ids)[: room - 1]
+
+    def _process(self, request: Request, num_new_tokens: int) -> RequestOutput:
+        """Detokenize the request's newest tokens, one at a time: a stop string ends it at the token that
+        completes it, and tokens past that (kept guesses) are dropped."""
+        first = len(request.output_token_ids) - num_new_tokens
+        stop = None
+        for index in range(first, len(request.output_token_ids)):
+            last = index == len(request.output_token_ids) - 1
+            stop = self.output_processor.update_text(request, request.output_token_ids[index], last)
+            if stop is not None:
+                del request.output_token_ids[index + 1 :]
+                break
         if stop is not None and not request.status.finished:
             self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, stop)
         elif stop is not None:
@@ -205,8 +228,9 @@ class LLMEngine:
     def _step_stats(
         self,
         scheduled: SchedulerOutput,
-        received: list[Request],
+        received: list[tuple[Request, int]],
         inter_token_latencies: list[float],
+        accepted_lengths: list[int],
         started: float,
     ) -> StepStats:
         now = time.monotonic()
@@ -236,7 +260,9 @@ class LLMEngine:
             prefix_cache_queries=scheduled.prefix_cache_queries,
             prefix_cache_hits=scheduled.prefix_cache_hits,
             num_prompt_tokens=prompt_tokens,
-            num_generation_tokens=sum(1 for r in received if not r.internal),
+            num_generation_tokens=sum(count for request, count in received if not request.internal),
+            num_draft_tokens=sum(len(s.spec_token_ids) for s in scheduled.scheduled),
+            accepted_lengths=accepted_lengths,
             model_flops=self.model_flops.of_step(scheduled),
             inter_token_latencies_s=inter_token_latencies,
             events=events,

@@ -33,12 +33,14 @@ class PromptLogprobs:
 
 @dataclass
 class ModelRunnerOutput:
-    """Per scheduled request, in order: its sampled token (None if it is not up to date yet) and that token's
-    logprobs (None unless asked); and, by request id, the prompt logprobs this step computed."""
+    """Per scheduled request, in order: its new tokens (none if it is not up to date yet; one, or with
+    speculative guesses the guesses kept and one more) and its token's logprobs (None unless asked); by request id,
+    the prompt logprobs this step computed; and, per request that had guesses, how many it kept."""
 
-    sampled: list[int | None]
+    sampled: list[list[int]]
     logprobs: list[TokenLogprob | None]
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
+    accepted_lengths: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -62,21 +64,27 @@ class ModelRunner:
         self.sampler = Sampler()
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        """One forward pass; a sampled token for each scheduled request that is now up to date, else None."""
-        input_ids, positions, meta, sample_rows = self._prepare(output)
+        """One forward pass; new tokens for each scheduled request that is now up to date."""
+        input_ids, positions, meta, last_rows = self._prepare(output)
         hidden = self.model.forward(input_ids, positions, self.kv_caches, meta)
-        prompt_logprobs = self._prompt_logprobs(output, hidden)
-        sampling = [s.request for s in output.scheduled if s.samples]
-        if not sampling:
-            none = [None] * len(output.scheduled)
-            return ModelRunnerOutput(none, list(none), prompt_logprobs)
-        sampled = self.sampler.sample(self.model.compute_logits(hidden[sample_rows]), sampling)
-        tokens, logprobs = iter(sampled.tokens), iter(sampled.logprobs)
-        return ModelRunnerOutput(
-            [next(tokens) if s.samples else None for s in output.scheduled],
-            [next(logprobs) if s.samples else None for s in output.scheduled],
-            prompt_logprobs,
-        )
+        scheduled = output.scheduled
+        result = ModelRunnerOutput([[] for _ in scheduled], [None] * len(scheduled),
+                                   self._prompt_logprobs(output, hidden))
+        plain = [i for i, s in enumerate(scheduled) if s.samples and not s.spec_token_ids]
+        if plain:
+            rows = torch.tensor([last_rows[i] for i in plain], dtype=torch.long, device=self.device)
+            requests = [scheduled[i].request for i in plain]
+            sampled = self.sampler.sample(self.model.compute_logits(hidden[rows]), requests)
+            for i, token, logprobs in zip(plain, sampled.tokens, sampled.logprobs, strict=True):
+                result.sampled[i], result.logprobs[i] = [token], logprobs
+        for i, item in enumerate(scheduled):
+            if item.spec_token_ids:
+                # The rows of the last known token and of each guess: the target's next token after 0..k guesses.
+                first = last_rows[i] - len(item.spec_token_ids)
+                logits = self.model.compute_logits(hidden[first : last_rows[i] + 1])
+                result.sampled[i] = self.sampler.check_guesses(logits, item.request, list(item.spec_token_ids))
+                result.accepted_lengths.append(len(result.sampled[i]) - 1)
+        return result
 
     def _prompt_logprobs(self, output: SchedulerOutput, hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
         """For the requests that asked: each prompt token this step's rows predict (the row at position ``p``
@@ -105,24 +113,27 @@ class ModelRunner:
             entries += gather_logprobs(logits, token_ids, [num_top] * len(chunk))
         return entries
 
-    def _prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """Token ids, positions, attention metadata and the rows to sample, built once for the whole step."""
+    def _prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Token ids, positions, attention metadata and each request's last row, built once for the whole step."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        sample_rows: list[int] = []
+        last_rows: list[int] = []
         query_starts = [0]
         block_size = self.block_size
         for item in output.scheduled:
             request, start = item.request, item.start
             end = start + item.num_new_tokens
+            known = end - len(item.spec_token_ids)
             all_ids = request.all_token_ids if item.num_new_tokens > 1 else None
             for pos in range(start, end):
-                input_ids.append(all_ids[pos] if all_ids is not None else request.token_at(pos))
+                if pos >= known:
+                    input_ids.append(item.spec_token_ids[pos - known])
+                else:
+                    input_ids.append(all_ids[pos] if all_ids is not None else request.token_at(pos))
                 positions.append(pos)
                 slots.append(item.block_ids[pos // block_size] * block_size + pos % block_size)
-            if item.samples:
-                sample_rows.append(len(input_ids) - 1)
+            last_rows.append(len(input_ids) - 1)
             if item.num_new_tokens > 1:
                 query_starts.append(query_starts[-1] + item.num_new_tokens)
         # The scheduler puts single-token steps (decode kernel) first, chunks of several tokens (prefill) after.
@@ -141,7 +152,7 @@ class ModelRunner:
             torch.tensor(input_ids, dtype=torch.long, device=device),
             torch.tensor(positions, dtype=torch.long, device=device),
             self.model.attention.prepare(batch),
-            torch.tensor(sample_rows, dtype=torch.long, device=device),
+            last_rows,
         )
 
 

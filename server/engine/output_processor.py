@@ -49,12 +49,13 @@ class OutputProcessor:
         if state is not None and state.prompt_logprobs is not None:
             state.prompt_logprobs += entries[len(state.prompt_logprobs) - first_position :]
 
-    def update_text(self, request: Request) -> str | None:
-        """Detokenize the request's newest token; returns the stop string it completed, if any."""
+    def update_text(self, request: Request, token: int, last: bool) -> str | None:
+        """Detokenize one new token of the request; returns the stop string it completed, if any. ``last``: no
+        more tokens come in this step (if the request has finished, what the detokenizer holds back is flushed)."""
         state = self._states[request.request_id]
         checked_chars = len(state.text)
-        state.text += state.detokenizer.add_token(request.output_token_ids[-1])
-        if request.status.finished:
+        state.text += state.detokenizer.add_token(token)
+        if last and request.status.finished:
             state.text += state.detokenizer.flush()
         stops = request.sampling_params.stop
         if not stops:

@@ -165,6 +165,8 @@ class Request:
     cache_salt: str = ""
     # Which tokens may come next (structured output); None: any.
     constraint: TokenConstraint | None = None
+    # Guesses at the next output tokens (speculative decoding), checked by the next step's forward.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

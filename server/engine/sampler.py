@@ -7,6 +7,7 @@ import torch
 
 from server.engine.logprobs import gather_logprobs
 from server.engine.request import Request, SamplingParams, TokenLogprob
+from server.engine.spec_decode.rejection import verify, verify_greedy
 
 
 @dataclass
@@ -60,14 +61,20 @@ class Sampler:
                 found[row] = entry
         return found
 
+    def check_guesses(self, logits: torch.Tensor, request: Request, guesses: list[int]) -> list[int]:
+        """Speculative decoding's verification: ``logits`` has one row after each of 0..len(guesses) guesses; the
+        result is the guesses kept and one more token, distributed as plain sampling would draw them (the request
+        has no penalties, bias, grammar or logprobs: see spec_decode.proposers.can_speculate)."""
+        params = request.sampling_params
+        if params.greedy:
+            return verify_greedy(logits.argmax(dim=-1).tolist(), guesses)
+        rows = logits.float() / params.temperature
+        probs = torch.stack([torch.softmax(_top_k_top_p(row, params), dim=-1) for row in rows])
+        return verify(probs, guesses, None, self._generator(params, request.request_id))
+
     def _sample_row(self, logits: torch.Tensor, params: SamplingParams, request_id: str) -> int:
         """``logits`` are already divided by the temperature."""
-        if params.top_k > 0 and params.top_k < logits.numel():
-            kth = torch.topk(logits, params.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if params.top_p < 1.0:
-            logits = mask_top_p(logits, params.top_p)
-        probs = torch.softmax(logits, dim=-1)
+        probs = torch.softmax(_top_k_top_p(logits, params), dim=-1)
         return int(torch.multinomial(probs, 1, generator=self._generator(params, request_id)))
 
     def _generator(self, params: SamplingParams, request_id: str) -> torch.Generator | None:
@@ -84,6 +91,16 @@ def _is_plain_greedy(request: Request) -> bool:
     p = request.sampling_params
     return (p.greedy and not p.has_penalties and not p.logit_bias and p.logprobs is None
             and request.constraint is None)
+
+
+def _top_k_top_p(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One row with the tokens outside top-k and top-p masked off."""
+    if params.top_k > 0 and params.top_k < logits.numel():
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        logits = mask_top_p(logits, params.top_p)
+    return logits
 
 
 def mask_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:

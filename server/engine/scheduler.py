@@ -18,17 +18,19 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ScheduledRequest:
     """``num_new_tokens`` of ``request``, starting at position ``start``, run in this step over the KV blocks
-    ``block_ids``."""
+    ``block_ids``. The last ``len(spec_token_ids)`` of them are speculative guesses at its next tokens."""
 
     request: Request
     start: int
     num_new_tokens: int
     samples: bool
     block_ids: list[int]
+    spec_token_ids: tuple[int, ...] = ()
 
     @property
     def is_decode(self) -> bool:
-        return self.num_new_tokens == 1 and self.start >= self.request.num_prompt_tokens
+        """One new token past the prompt (and any guesses that ride along)."""
+        return self.num_new_tokens - len(self.spec_token_ids) == 1 and self.start >= self.request.num_prompt_tokens
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -87,6 +89,9 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            # Guesses ride along only with a decode, and only as far as the budget goes.
+            drafts = tuple(request.spec_token_ids[: budget - 1]) if num_new == 1 else ()
+            num_new += len(drafts)
             while not self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens + num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -94,7 +99,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                output.scheduled.append(self._scheduled(request, num_new))
+                output.scheduled.append(self._scheduled(request, num_new, drafts))
                 budget -= num_new
                 index += 1
         return budget
@@ -124,11 +129,11 @@ class Scheduler:
             return NO_PREFIX
         return self.block_manager.find_cached_prefix(request.all_token_ids, request.cache_salt)
 
-    def _scheduled(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
+    def _scheduled(self, request: Request, num_new_tokens: int, drafts: tuple[int, ...] = ()) -> ScheduledRequest:
         start = request.num_computed_tokens
         return ScheduledRequest(
-            request, start, num_new_tokens, start + num_new_tokens == request.num_tokens,
-            self.block_manager.block_ids(request.request_id),
+            request, start, num_new_tokens, start + num_new_tokens - len(drafts) == request.num_tokens,
+            self.block_manager.block_ids(request.request_id), drafts,
         )
 
     def _preempt(self, request: Request) -> None:
@@ -153,24 +158,34 @@ class Scheduler:
         request.times.finished = time.monotonic()
         self.block_manager.free(request.request_id)
 
-    def update_from_output(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
-        """Advance the scheduled requests past this step; returns those that received a token."""
-        received: list[Request] = []
-        for item, token in zip(output.scheduled, sampled, strict=True):
+    def update_from_output(self, output: SchedulerOutput, sampled: list[list[int]]) -> list[tuple[Request, int]]:
+        """Advance the scheduled requests past this step: each gets the tokens sampled for it (none for a chunk
+        that is not up to date yet; with guesses, the guesses kept and one more), up to the first that stops it.
+        Returns each request that received tokens, with how many."""
+        received: list[tuple[Request, int]] = []
+        for item, tokens in zip(output.scheduled, sampled, strict=True):
             request = item.request
             if request.status != RequestStatus.RUNNING:
                 continue
-            request.num_computed_tokens += item.num_new_tokens
+            if item.spec_token_ids:
+                # The K/V of the kept guesses is computed; the rejected guesses' slots are given back.
+                request.num_computed_tokens += item.num_new_tokens - len(item.spec_token_ids) + len(tokens) - 1
+                self.block_manager.trim(request.request_id, request.num_computed_tokens)
+            else:
+                request.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
-            if token is None:
-                continue
-            request.output_token_ids.append(token)
-            received.append(request)
-            if request.constraint is not None:
-                request.constraint.accept_token(token)
-            stop = token_stop(request, token)
-            if stop is not None:
-                self.finish_request(request, *stop)
+            request.spec_token_ids = []
+            before = len(request.output_token_ids)
+            for token in tokens:
+                request.output_token_ids.append(token)
+                if request.constraint is not None:
+                    request.constraint.accept_token(token)
+                stop = token_stop(request, token)
+                if stop is not None:
+                    self.finish_request(request, *stop)
+                    break
+            if tokens:
+                received.append((request, len(request.output_token_ids) - before))
         return received
 
 

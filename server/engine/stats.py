@@ -101,9 +101,15 @@ class StepStats:
     num_prompt_tokens: int
     num_generation_tokens: int
     model_flops: int
+    num_draft_tokens: int = 0  # speculative guesses checked this step
+    accepted_lengths: list[int] = field(default_factory=list)  # guesses kept, per request that had some
     inter_token_latencies_s: list[float] = field(default_factory=list)
     events: list[RequestEvent] = field(default_factory=list)
     finished: list[FinishedRequestStats] = field(default_factory=list)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(self.accepted_lengths)
 
     @property
     def num_scheduled_seqs(self) -> int:

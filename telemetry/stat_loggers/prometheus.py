@@ -49,6 +49,9 @@ class PrometheusStatLogger(StatLogger):
         self._generation_tokens = metrics.generation_tokens.labels(model)
         self._inter_token_latency = metrics.inter_token_latency.labels(model)
         self._model_flops = metrics.model_flops.labels(model)
+        self._draft_tokens = metrics.spec_decode_draft_tokens.labels(model)
+        self._accepted_tokens = metrics.spec_decode_accepted_tokens.labels(model)
+        self._accepted_length = metrics.spec_decode_accepted_length.labels(model)
         self._lock = threading.Lock()
         self._generation_rate = WindowedRate()
         self._flops = WindowedRate()
@@ -73,6 +76,11 @@ class PrometheusStatLogger(StatLogger):
         self._prefix_hits.inc(stats.prefix_cache_hits)
         self._prompt_tokens.inc(stats.num_prompt_tokens)
         self._generation_tokens.inc(stats.num_generation_tokens)
+        if stats.num_draft_tokens:
+            self._draft_tokens.inc(stats.num_draft_tokens)
+            self._accepted_tokens.inc(stats.num_accepted_tokens)
+            for length in stats.accepted_lengths:
+                self._accepted_length.observe(length)
         for value in stats.inter_token_latencies_s:
             self._inter_token_latency.observe(value)
         for finished in stats.finished:
