@@ -15,6 +15,8 @@ operation = st.one_of(
     st.tuples(st.just("append"), st.integers(0, 10), st.integers(1, 6)),
     st.tuples(st.just("share"), st.integers(0, 10), st.integers(0, 3)),
     st.tuples(st.just("free"), st.integers(0, 10), st.just(0)),
+    # Room for b guesses, then a rollback that keeps a of them (speculative decoding).
+    st.tuples(st.just("speculate"), st.integers(0, 10), st.integers(1, 9)),
 )
 
 
@@ -80,6 +82,16 @@ def test_random_operations_never_hand_out_a_block_twice_and_free_everything(ops)
                 live.append(child)
         elif kind == "free" and live:
             manager.free(live.pop(a % len(live)).request_id)
+        elif kind == "speculate" and live:
+            request = live[a % len(live)]
+            kept = index % (b + 1)
+            if manager.allocate_slots(request.request_id, request.num_computed_tokens + 1 + b):
+                request.output_token_ids += [7] * kept
+                request.num_computed_tokens += kept
+                manager.trim(request.request_id, request.num_computed_tokens)
+                manager.cache_full_blocks(request, request.num_computed_tokens)
+                held = manager.block_ids(request.request_id)
+                assert len(held) == -(-request.num_computed_tokens // BLOCK_SIZE)
         check_invariants(manager, live)
     for request in live:
         manager.free(request.request_id)
