@@ -55,7 +55,7 @@ class Sampler:
         rows = [row for row, p in enumerate(params) if p.logprobs is not None]
         found: list[TokenLogprob | None] = [None] * len(params)
         if rows:
-            index = torch.tensor(rows)
+            index = torch.tensor(rows, device=logits.device)
             entries = gather_logprobs(logits[index], tokens[index], [params[row].logprobs for row in rows])
             for row, entry in zip(rows, entries, strict=True):
                 found[row] = entry
@@ -70,19 +70,20 @@ class Sampler:
             return verify_greedy(logits.argmax(dim=-1).tolist(), guesses)
         rows = logits.float() / params.temperature
         probs = torch.stack([torch.softmax(_top_k_top_p(row, params), dim=-1) for row in rows])
-        return verify(probs, guesses, None, self._generator(params, request.request_id))
+        return verify(probs, guesses, None, self._generator(params, request.request_id, logits.device))
 
     def _sample_row(self, logits: torch.Tensor, params: SamplingParams, request_id: str) -> int:
         """``logits`` are already divided by the temperature."""
         probs = torch.softmax(_top_k_top_p(logits, params), dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self._generator(params, request_id)))
+        return int(torch.multinomial(probs, 1, generator=self._generator(params, request_id, logits.device)))
 
-    def _generator(self, params: SamplingParams, request_id: str) -> torch.Generator | None:
+    def _generator(self, params: SamplingParams, request_id: str, device: torch.device) -> torch.Generator | None:
+        """The request's own generator, on the logits' device (a CUDA draw takes only a CUDA generator)."""
         if params.seed is None:
             return None
         generator = self._generators.get(request_id)
         if generator is None:
-            generator = torch.Generator().manual_seed(params.seed)
+            generator = torch.Generator(device=device).manual_seed(params.seed)
             self._generators[request_id] = generator
         return generator
 
@@ -118,13 +119,14 @@ def apply_penalties(logits: torch.Tensor, request: Request) -> torch.Tensor:
     params = request.sampling_params
     logits = logits.clone()
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(request.all_token_ids)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(request.all_token_ids)), dtype=torch.long, device=logits.device)
         values = logits[seen]
         logits[seen] = torch.where(
             values > 0, values / params.repetition_penalty, values * params.repetition_penalty
         )
     if request.output_token_ids and (params.presence_penalty or params.frequency_penalty):
-        counts = torch.bincount(torch.tensor(request.output_token_ids), minlength=logits.numel())
+        output_ids = torch.tensor(request.output_token_ids, device=logits.device)
+        counts = output_ids.bincount(minlength=logits.numel())
         counts = counts[: logits.numel()].to(logits.dtype)
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
@@ -132,7 +134,8 @@ def apply_penalties(logits: torch.Tensor, request: Request) -> torch.Tensor:
 
 def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> None:
     """In place, on one row."""
-    logits[torch.tensor(list(bias))] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+    ids = torch.tensor(list(bias), device=logits.device)
+    logits[ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
 
 
 def apply_constraints(logits: torch.Tensor, requests: list[Request]) -> None:
@@ -143,7 +146,8 @@ def apply_constraints(logits: torch.Tensor, requests: list[Request]) -> None:
     if not rows:
         return
     vocab_size = logits.shape[1]
-    bitmask = torch.zeros((len(rows), (vocab_size + 31) // 32), dtype=torch.int32)
+    # On the host: the grammar library fills it there, and only the unpacked mask moves to the logits' device.
+    bitmask = torch.zeros((len(rows), (vocab_size + 31) // 32), dtype=torch.int32, device="cpu")
     for i, row in enumerate(rows):
         requests[row].constraint.fill_bitmask(bitmask[i])
     refused = refused_tokens(bitmask, vocab_size)
