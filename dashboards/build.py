@@ -577,6 +577,18 @@ def model() -> dict:
                 min_value=0,
                 stacked=True,
             ),
+            row("Routing"),
+            timeseries(
+                "Routing decisions",
+                "Requests sent to an alias such as auto, per second, by the model its policy chose and why: simple, "
+                "long prompt, long output, a hard rule, or overflow while the large model's queue is long.",
+                [target(f"sum by (alias, model, reason) ({rate('vigil_router_decisions_total')})",
+                        "{{alias}} → {{model}} ({{reason}})")],
+                "reqps",
+                width=24,
+                min_value=0,
+                stacked=True,
+            ),
         ],
     )
 

@@ -1,8 +1,10 @@
-"""``python -m server bench offline|telemetry|http|serve``: the engine beside Hugging Face transformers, with
-telemetry on and off, or beside itself served over HTTP; ``serve`` load-tests any OpenAI-compatible server."""
+"""``python -m server bench offline|telemetry|http|serve|routing``: the engine beside Hugging Face transformers,
+with telemetry on and off, or beside itself served over HTTP; ``serve`` load-tests any OpenAI-compatible server;
+``routing`` weighs the auto alias against always the large model."""
 
 import argparse
 
+from server.bench.routing_options import add_arguments as add_routing_args
 from server.bench.serve.options import add_arguments as add_serve_args
 from server.engine_args import add_engine_args
 
@@ -42,6 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "ITL, throughput, goodput")
     add_serve_args(serve)
     serve.set_defaults(func=run_serve)
+    routing = modes.add_parser("routing", help="a mixed workload through the auto alias vs always the large model: "
+                               "CPU seconds per 1000 requests and latency")
+    add_routing_args(routing)
+    routing.set_defaults(func=run_routing)
 
 
 def run_telemetry(args: argparse.Namespace) -> int:
@@ -64,5 +70,11 @@ def run_http(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from server.bench.serve.cli import run
+
+    return run(args)
+
+
+def run_routing(args: argparse.Namespace) -> int:
+    from server.bench.routing import run
 
     return run(args)

@@ -6,10 +6,17 @@ import dataclasses
 from server.config import DTYPE_CHOICES, QUANTIZATIONS, EngineConfig, SpeculativeConfig, parse_bytes
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = False) -> None:
+    """``several_models``: ``--model`` may be repeated (serve), and the other flags apply to each model."""
     defaults = EngineConfig()
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: bundled SmolLM2)")
+    if several_models:
+        group.add_argument("--model", action="append", default=None,
+                           help="GGUF file or Hugging Face folder (default: bundled SmolLM2); repeat it to serve "
+                                "several models, each with its own engine, KV pool and limits")
+    else:
+        group.add_argument("--model", default=None,
+                           help="GGUF file or Hugging Face folder (default: bundled SmolLM2)")
     group.add_argument("--dtype", default=defaults.dtype, choices=DTYPE_CHOICES)
     group.add_argument("--weight-dtype", default=defaults.weight_dtype,
                        choices=DTYPE_CHOICES,
@@ -26,7 +33,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="token budget of one step; default 512 on the CPU, 2048 on CUDA")
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--kv-cache-memory", type=parse_bytes, default=defaults.kv_cache_memory,
-                       help="KV pool size on the CPU, e.g. 2GiB")
+                       help="KV pool size on the CPU, e.g. 2GiB (each model's, when serving several)")
     group.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
     group.add_argument("--max-queue-len", type=int, default=defaults.max_queue_len)
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")

@@ -13,8 +13,12 @@ API_KEYS_ENV = "VIGIL_API_KEYS"
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     defaults = ServerConfig()
     group = parser.add_argument_group("server")
-    group.add_argument("--served-model-name", default=None,
-                       help="the model name clients send (default: --model, or the bundled model's name)")
+    group.add_argument("--served-model-name", action="append", default=None,
+                       help="the model name clients send (default: --model, or the bundled model's name); once per "
+                            "--model, in the same order")
+    group.add_argument("--model-config", default=None,
+                       help="a TOML file of the models to serve, each with its own engine settings, and of routing "
+                            "aliases such as auto (docs/api.md); instead of --model")
     group.add_argument("--host", default=defaults.host)
     group.add_argument("--port", type=int, default=defaults.port)
     group.add_argument("--rate-limit-rpm", type=int, default=None, help="requests per minute, per tenant")
@@ -101,7 +105,8 @@ def read_api_keys(args: argparse.Namespace, environ: dict[str, str]) -> tuple[st
     return tuple(dict.fromkeys(key for key in keys if key))
 
 
-def server_config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> ServerConfig:
+def server_config_from_args(args: argparse.Namespace, environ: dict[str, str], served_model_name: str) -> ServerConfig:
+    """``served_model_name``: the first served model's, the default of requests that name none."""
     jwt = None
     if args.jwt_jwks:
         jwt = JWTConfig(args.jwt_jwks, args.jwt_issuer, args.jwt_audience, args.jwt_tenant_claim, args.jwt_leeway,
@@ -112,7 +117,7 @@ def server_config_from_args(args: argparse.Namespace, environ: dict[str, str]) -
             raise ValueError("HTTPS needs both --ssl-keyfile and --ssl-certfile")
         tls = TLSConfig(args.ssl_keyfile, args.ssl_certfile, args.ssl_ca_certs, args.ssl_cert_reqs)
     return ServerConfig(
-        served_model_name=args.served_model_name or args.model or ServerConfig.served_model_name,
+        served_model_name=served_model_name,
         host=args.host,
         port=args.port,
         api_keys=read_api_keys(args, environ),

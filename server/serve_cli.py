@@ -6,21 +6,27 @@ exits 0. A second signal stops at once.
 """
 
 import argparse
+import logging
 import os
+import threading
 from typing import TYPE_CHECKING
 
-from server.engine_args import add_engine_args, engine_config_from_args
+from server.engine_args import add_engine_args
 from server.serve_args import add_server_args, add_telemetry_args, server_config_from_args
+from server.serve_models import ServedModels, served_models_from_args
 from telemetry.logging import configure_logging
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from server.api.draining_server import DrainingServer
+    from server.api.router import ModelRouter
     from server.config import EngineConfig, TLSConfig
     from server.engine.engine import LLMEngine
     from telemetry.service import Telemetry
 
+
+logger = logging.getLogger("vigil.serve")
 
 # After the drain, the time uvicorn gives connections to finish sending what the engine stop produced.
 CLOSE_GRACE_S = 5
@@ -31,17 +37,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     add_server_args(parser)
     add_telemetry_args(parser)
-    add_engine_args(parser)
+    add_engine_args(parser, several_models=True)
     parser.set_defaults(func=run)
 
 
-def build_telemetry(args: argparse.Namespace, model: str) -> "Telemetry | None":
+def build_telemetry(args: argparse.Namespace, models: list[str]) -> "Telemetry | None":
     if args.disable_telemetry:
         return None
     from telemetry.service import Telemetry, TelemetryConfig
 
     return Telemetry(TelemetryConfig(
-        model=model,
+        model=models[0],
+        other_models=tuple(models[1:]),
         hardware_interval_s=args.hardware_interval,
         otlp_endpoint=args.otlp_endpoint,
         otlp_protocol=args.otlp_protocol,
@@ -51,10 +58,10 @@ def build_telemetry(args: argparse.Namespace, model: str) -> "Telemetry | None":
 
 
 def engine_loader(
-    config: "EngineConfig", telemetry: "Telemetry | None", matmul_peak_flops: float | None
+    config: "EngineConfig", telemetry: "Telemetry | None", matmul_peak_flops: float | None, model: str
 ) -> "Callable[[], LLMEngine]":
-    """What the engine's thread runs first: build the engine (the model loads), then subscribe telemetry, with
-    the matmul peak that MFU is measured against (measured here when not given)."""
+    """What the engine's thread runs first: build the engine (the model loads), then subscribe telemetry under the
+    served name ``model``, with the matmul peak that MFU is measured against (measured here when not given)."""
 
     def load() -> "LLMEngine":
         from server.engine.builder import build_engine
@@ -66,7 +73,7 @@ def engine_loader(
                 from kernels.matmul_peak import measure_matmul_peak
 
                 peak = measure_matmul_peak(engine.runner.model.dtype, engine.runner.device)
-            telemetry.attach(engine, peak)
+            telemetry.attach(engine, peak, model)
         return engine
 
     return load
@@ -76,30 +83,32 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format)
     http = build_server(args, dict(os.environ))
     http.run()
-    if http.engine.load_error is not None:
-        raise http.engine.load_error  # server.__main__ turns it into one line and exit status 2
+    for engine in http.engines:
+        if engine.load_error is not None:
+            raise engine.load_error  # server.__main__ turns it into one line and exit status 2
     return 0
 
 
 def build_server(args: argparse.Namespace, environ: dict[str, str]) -> "DrainingServer":
-    """The server, not yet serving. The flags and the model's path are checked here (a bad one raises now); the
-    model loads on the engine's thread once the server runs, while /livez, /readyz and /metrics answer."""
+    """The server, not yet serving. The flags and the models' paths are checked here (a bad one raises now); each
+    model loads on its engine's thread once the server runs, while /livez, /readyz and /metrics answer."""
     import uvicorn
 
     from server.api.app import create_app
     from server.api.draining_server import DrainingServer
     from server.api.http_protocol import guarded_h11_protocol
     from server.api.lifecycle import Lifecycle
-    from server.engine.async_engine import AsyncEngine
     from server.models.loader import locate_model
 
-    server_config = server_config_from_args(args, environ)
-    engine_config = engine_config_from_args(args)
-    locate_model(engine_config.model)
-    telemetry = build_telemetry(args, server_config.served_model_name)
-    engine = AsyncEngine(engine_loader(engine_config, telemetry, args.matmul_peak_flops))
+    served = served_models_from_args(args)
+    server_config = server_config_from_args(args, environ, served.models[0].name)
+    for spec in served.models:
+        locate_model(spec.engine.model)
+    telemetry = build_telemetry(args, [spec.name for spec in served.models])
+    router = build_router(served, telemetry, args.matmul_peak_flops)
+    logger.info("serving %s", served.memory_split())
     lifecycle = Lifecycle()
-    app = create_app(engine, server_config, lifecycle, telemetry)
+    app = create_app(router.default.engine, server_config, lifecycle, telemetry, router=router)
     uvicorn_config = uvicorn.Config(
         app,
         host=server_config.host,
@@ -114,8 +123,28 @@ def build_server(args: argparse.Namespace, environ: dict[str, str]) -> "Draining
         log_config=None,  # keep the logging that server.__main__ configured
         **tls_settings(server_config.tls),
     )
-    return DrainingServer(uvicorn_config, lifecycle, engine, server_config.shutdown_timeout)
+    return DrainingServer(uvicorn_config, lifecycle, router.engines, server_config.shutdown_timeout)
 
+
+def build_router(served: ServedModels, telemetry: "Telemetry | None", matmul_peak_flops: float | None) -> "ModelRouter":
+    """One engine per served model (each loads on its own thread), and the routing aliases' policies, whose
+    decisions telemetry counts."""
+    from server.api.router import ModelRouter, ServedModel
+    from server.api.routing_policy import make_policy
+    from server.engine.async_engine import AsyncEngine
+
+    step_lock = threading.Lock()  # the engines take turns on the device
+    models = [
+        ServedModel(spec.name, AsyncEngine(engine_loader(spec.engine, telemetry, matmul_peak_flops, spec.name),
+                                           step_lock))
+        for spec in served.models
+    ]
+    aliases = {alias.name: make_policy(alias.policy, alias.settings) for alias in served.aliases}
+    router = ModelRouter(models, aliases, telemetry.record_route if telemetry is not None else None)
+    if telemetry is not None:
+        for name, policy in aliases.items():
+            telemetry.metrics.add_alias(name, policy.models)
+    return router
 
 
 def tls_settings(tls: "TLSConfig | None") -> dict[str, object]:

@@ -24,12 +24,16 @@ ERROR_REASONS = (
 ANOMALY_KINDS = ("repetition_loop", "empty", "length_capped")
 FINISH_REASONS = ("stop", "length", "abort")
 ENGINE_PHASES = ("loading", "serving", "draining", "dead")
+# Why a routing policy chose a model (server/api/routing_policy.py).
+ROUTING_REASONS = ("simple", "long_prompt", "long_output", "hard_rule", "overflow")
 GPU_LABELS = ("gpu", "name")
 HARDWARE_FIELDS = ("device", "temperature", "memory", "utilization", "power", "throttle", "host_cpu", "host_memory")
 
 
 class VigilMetrics:
-    """The metric objects, registered in ``registry`` (a fresh one in tests)."""
+    """The metric objects, registered in ``registry`` (a fresh one in tests). ``model`` is the first served model;
+    a server with several registers the others with ``add_model``: one set of metrics, one ``model`` label value
+    each."""
 
     def __init__(
         self,
@@ -187,20 +191,37 @@ class VigilMetrics:
         self.output_anomalies = counter(
             "vigil_output_anomalies_total", "Degenerate outputs by kind.", ("model", "kind")
         )
+
+        # Routing
+        self.router_decisions = counter(
+            "vigil_router_decisions_total",
+            "Requests sent to a model alias (such as auto), by the model its routing policy chose and why.",
+            ("alias", "model", "reason"),
+        )
         self._initialise_label_sets()
+
+    def add_model(self, model: str) -> None:
+        """Another served model's closed label sets, at zero."""
+        for kind in ANOMALY_KINDS:
+            self.output_anomalies.labels(model, kind)
+        for reason in FINISH_REASONS:
+            self.request_finished.labels(model, reason)
+        for state in ("used", "free"):
+            self.kv_cache_blocks.labels(model, state)
+        for phase in ENGINE_PHASES:
+            self.engine_phase.labels(model, phase)
+
+    def add_alias(self, alias: str, models: Sequence[str]) -> None:
+        """A routing alias's decisions, at zero for every model it may choose and every reason."""
+        for model in models:
+            for reason in ROUTING_REASONS:
+                self.router_decisions.labels(alias, model, reason)
 
     def _initialise_label_sets(self) -> None:
         """Closed label sets start at zero, so that rates and alerts see them before the first event."""
         for reason in ERROR_REASONS:
             self.request_errors.labels(reason)
-        for kind in ANOMALY_KINDS:
-            self.output_anomalies.labels(self.model, kind)
-        for reason in FINISH_REASONS:
-            self.request_finished.labels(self.model, reason)
-        for state in ("used", "free"):
-            self.kv_cache_blocks.labels(self.model, state)
-        for phase in ENGINE_PHASES:
-            self.engine_phase.labels(self.model, phase)
+        self.add_model(self.model)
         for field in HARDWARE_FIELDS:
             self.hardware_sample_errors.labels(field)
         self.gpu_count.set(0)

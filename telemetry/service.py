@@ -19,7 +19,8 @@ from telemetry.tracing import RequestTracer, build_tracer_provider
 
 @dataclass(frozen=True)
 class TelemetryConfig:
-    model: str
+    model: str  # the first served model; the others, in a server with several, in other_models
+    other_models: tuple[str, ...] = ()
     hardware_interval_s: float = 5.0
     otlp_endpoint: str | None = None
     otlp_protocol: str = "grpc"
@@ -28,10 +29,11 @@ class TelemetryConfig:
 
 
 class Telemetry:
-    """Owns the registry, the stat loggers, the tracer and the hardware sampler of one server.
+    """Owns the registry, the stat loggers, the tracer and the hardware sampler of one server, whatever the number
+    of models it serves: one registry, each model's series under its own ``model`` label.
 
-    It exists before the engine does, so that /metrics answers while the model loads; ``attach`` subscribes it
-    to the engine once that is built."""
+    It exists before the engines do, so that /metrics answers while the models load; ``attach`` subscribes it
+    to each engine once that is built."""
 
     def __init__(self, config: TelemetryConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
@@ -45,12 +47,16 @@ class Telemetry:
         self.tracer = RequestTracer(self.provider) if self.provider is not None else None
         self.stat_loggers: list[StatLogger] = []
         self.sampler = HardwareSampler(self.metrics, config.hardware_interval_s)
-        self.report_status("loading", ready=False)
+        for model in config.other_models:
+            self.metrics.add_model(model)
+        for model in (config.model, *config.other_models):
+            self.report_status("loading", ready=False, model=model)
 
-    def attach(self, engine: LLMEngine, matmul_peak_flops: float | None = None) -> None:
-        """Describe the built engine in metrics and subscribe the stat loggers to its steps. Call it before the
-        engine's first step."""
-        model, cache, info = self.config.model, engine.cache_info, engine.info
+    def attach(self, engine: LLMEngine, matmul_peak_flops: float | None = None, model: str | None = None) -> None:
+        """Describe the built engine of ``model`` (by default the first) in metrics and subscribe stat loggers to
+        its steps. Call it before the engine's first step."""
+        model = self.config.model if model is None else model
+        cache, info = engine.cache_info, engine.info
         self.metrics.kv_cache_memory.labels(model).set(cache.total_bytes)
         self.metrics.kv_cache_config.labels(
             model, str(cache.block_size), str(cache.num_blocks), cache.dtype, cache.device
@@ -61,18 +67,19 @@ class Telemetry:
         self.metrics.model_weight_bytes.labels(model).set(info.weight_bytes)
         trace_id_of = self.tracer.trace_id if self.tracer is not None else None
         decode_tokens = engine.tokenizer.decode if self.config.log_requests else None
-        self.stat_loggers = [
-            PrometheusStatLogger(self.metrics, engine.eos_token_ids, matmul_peak_flops, trace_id_of),
+        loggers: list[StatLogger] = [
+            PrometheusStatLogger(self.metrics, engine.eos_token_ids, matmul_peak_flops, trace_id_of, model),
             LoggingStatLogger(engine.eos_token_ids, decode_tokens, trace_id_of),
         ]
         if self.tracer is not None:
-            self.stat_loggers.append(TracingStatLogger(self.tracer))  # last: it ends the spans the others read
-        self.sampler.on_tick += [logger.tick for logger in self.stat_loggers]
-        engine.stats_listeners.append(self.record)
+            loggers.append(TracingStatLogger(self.tracer))  # last: it ends the spans the others read
+        self.stat_loggers += loggers
+        self.sampler.on_tick += [logger.tick for logger in loggers]
+        engine.stats_listeners.append(lambda stats: self.record(stats, loggers))
 
-    def record(self, stats: StepStats) -> None:
-        """Feed one step to every stat logger."""
-        for logger in self.stat_loggers:
+    def record(self, stats: StepStats, loggers: Sequence[StatLogger] | None = None) -> None:
+        """Feed one step to every stat logger of its engine (by default, of every engine)."""
+        for logger in self.stat_loggers if loggers is None else loggers:
             logger.record(stats)
 
     def start(self) -> None:
@@ -85,15 +92,19 @@ class Telemetry:
         if self.provider is not None:
             self.provider.shutdown()
 
-    def report_status(self, phase: str, ready: bool) -> None:
-        """``vigil_engine_phase`` and ``vigil_engine_ready``: ``phase`` is one of ENGINE_PHASES."""
-        model = self.metrics.model
+    def report_status(self, phase: str, ready: bool, model: str | None = None) -> None:
+        """``vigil_engine_phase`` and ``vigil_engine_ready`` of ``model`` (by default the first): ``phase`` is one of
+        ENGINE_PHASES."""
+        model = self.config.model if model is None else model
         for name in ENGINE_PHASES:
             self.metrics.engine_phase.labels(model, name).set(1 if name == phase else 0)
         self.metrics.engine_ready.labels(model).set(1 if ready else 0)
 
     def record_error(self, reason: str) -> None:
         self.metrics.request_errors.labels(reason).inc()
+
+    def record_route(self, alias: str, model: str, reason: str) -> None:
+        self.metrics.router_decisions.labels(alias, model, reason).inc()
 
     def exposition(self, accept_header: str | None) -> tuple[bytes, str]:
         """The registry in the format the scraper asked for (OpenMetrics carries the exemplars)."""

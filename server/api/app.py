@@ -23,7 +23,8 @@ from server.api.middleware import (
     RequestLimitsMiddleware,
 )
 from server.api.rate_limits import RateLimiter
-from server.api.readiness import ReadinessProbe, keep_reporting
+from server.api.readiness import AllModelsReady, ReadinessProbe, StatusReport, keep_reporting
+from server.api.router import ModelRouter, ServedModel
 from server.api.state import ServerState
 from server.api.structured_output import GrammarCompiler
 from server.api.tool_parsers import TOOL_PARSERS
@@ -58,17 +59,26 @@ def create_app(
     config: ServerConfig,
     lifecycle: Lifecycle | None = None,
     telemetry: Telemetry | None = None,
+    router: ModelRouter | None = None,
 ) -> FastAPI:
-    """The engine's loop thread starts with the app and stops with it."""
+    """The engines' loop threads start with the app and stop with it. ``router`` holds the served models when there
+    are several (``engine`` is then the default one's); without it, ``engine`` serves as
+    ``config.served_model_name``."""
     lifecycle = lifecycle or Lifecycle()
-    readiness = ReadinessProbe(engine, lifecycle, telemetry.report_status if telemetry is not None else None)
+    router = router or ModelRouter([ServedModel(config.served_model_name, engine)])
+    readiness = AllModelsReady([
+        ReadinessProbe(model.engine, lifecycle, _status_report(telemetry, model.name))
+        for model in router.models.values()
+    ])
     authenticator = authenticator_for(config)
     tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="vigil-tokenizer")
-    grammars = GrammarCompiler(engine)
+    grammars = {model.name: GrammarCompiler(model.engine) for model in router.models.values()}
+    engines = router.engines
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine.start(asyncio.get_running_loop())
+        for each in engines:
+            each.start(asyncio.get_running_loop())
         reporting = None
         if telemetry is not None:
             telemetry.start()
@@ -85,10 +95,13 @@ def create_app(
                 reporting.cancel()
             if telemetry is not None:
                 telemetry.shutdown()
-            engine.stop()
-            await asyncio.to_thread(engine.join, ENGINE_JOIN_TIMEOUT_S)
+            for each in engines:
+                each.stop()
+            for each in engines:
+                await asyncio.to_thread(each.join, ENGINE_JOIN_TIMEOUT_S)
             tokenizer_pool.shutdown(wait=False, cancel_futures=True)
-            grammars.shutdown()
+            for compiler in grammars.values():
+                compiler.shutdown()
 
     app = FastAPI(
         title="Vigil",
@@ -99,7 +112,8 @@ def create_app(
         redoc_url=None,
     )
     app.state.vigil = ServerState(
-        engine=engine,
+        engine=router.default.engine,
+        router=router,
         config=config,
         lifecycle=lifecycle,
         limiter=RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm),
@@ -112,12 +126,13 @@ def create_app(
         telemetry=telemetry,
     )
     install_error_handlers(app)
-    routers = (completions.router, chat.router, tokenize.router, models.router, health.probes, health.guarded,
-               _openapi)
-    for router in routers:
-        app.include_router(router)
+    routes = (completions.router, chat.router, tokenize.router, models.router, health.probes, health.guarded,
+              _openapi)
+    for api_router in routes:
+        app.include_router(api_router)
     # add_middleware puts each new one outermost: this reads innermost first.
-    app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, engine=engine, exempt_paths=health.PROBE_PATHS)
+    app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, models_loading=lambda: router.loading,
+                       exempt_paths=health.PROBE_PATHS)
     open_paths = health.UNAUTHENTICATED_PATHS | ({"/metrics"} if not config.metrics_require_api_key else set())
     app.add_middleware(AuthMiddleware, authenticator=authenticator, open_paths=open_paths)
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=config.max_request_bytes,
@@ -125,6 +140,12 @@ def create_app(
     app.add_middleware(ErrorBoundaryMiddleware)
     app.add_middleware(RequestIdMiddleware)
     if telemetry is not None:
-        routes = [(route.path, route.path_regex) for router in routers for route in router.routes]
-        app.add_middleware(HttpMetricsMiddleware, metrics=telemetry.metrics, routes=routes)
+        templates = [(route.path, route.path_regex) for api_router in routes for route in api_router.routes]
+        app.add_middleware(HttpMetricsMiddleware, metrics=telemetry.metrics, routes=templates)
     return app
+
+
+def _status_report(telemetry: Telemetry | None, model: str) -> StatusReport | None:
+    if telemetry is None:
+        return None
+    return lambda phase, ready: telemetry.report_status(phase, ready, model)

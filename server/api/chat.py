@@ -13,11 +13,11 @@ from server.api.generation import (
     GenerationRun,
     admit,
     cache_salt_for,
-    check_model,
     fan_out,
     in_tokenizer_pool,
     new_id,
     respond,
+    route,
 )
 from server.api.grammar_spec import GrammarSpec, requested_grammar
 from server.api.logprobs import chat_logprobs
@@ -48,20 +48,20 @@ router = APIRouter(tags=["chat"])
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, state: State, caller: RateLimitedCaller
 ):
-    check_model(state, body.model)
+    to = route(state, body.model, [message.text for message in body.messages], body.output_limit)
     if body.top_logprobs and not body.logprobs:
         raise invalid_request("top_logprobs needs logprobs: true", param="top_logprobs")
     plan = tool_plan(body)
-    grammar = await compile_grammar(state.grammars, _one_grammar(requested_grammar(body), plan))
-    engine, parser = state.engine, state.tool_parser
+    grammar = await compile_grammar(state.grammars[to.model], _one_grammar(requested_grammar(body), plan))
+    engine, parser = to.engine, state.tool_parser
     prompt = await in_tokenizer_pool(state, render_chat, engine.tokenizer, body.messages, plan.offered, parser)
     generation = await in_tokenizer_pool(
         state, fan_out, engine, new_id("chatcmpl"), [prompt], body.sampling_params(body.output_limit),
         body.num_choices, lambda text: engine.tokenizer.encode(text, add_special_tokens=False),
         cache_salt_for(state, caller, body.cache_salt), grammar.new_constraint if grammar else None,
     )
-    run = await admit(state, caller, generation, "chat", request.headers)
-    model = state.config.served_model_name
+    run = await admit(state, caller, generation, "chat", request.headers, to)
+    model = to.model
 
     def build(finals: list[CompletionOutput]) -> ChatCompletionResponse:
         return ChatCompletionResponse(id=generation.id, model=model, usage=run.usage(), choices=[

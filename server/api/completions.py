@@ -12,12 +12,12 @@ from server.api.generation import (
     GenerationRun,
     admit,
     cache_salt_for,
-    check_model,
     fan_out,
     in_tokenizer_pool,
     new_id,
     reject_unsupported,
     respond,
+    route,
 )
 from server.api.grammar_spec import requested_grammar
 from server.api.logprobs import CompletionLogprobsWriter
@@ -34,17 +34,17 @@ router = APIRouter(tags=["completions"])
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses={**ERROR_RESPONSES, **STREAM_RESPONSE})
 async def create_completion(body: CompletionRequest, request: Request, state: State, caller: RateLimitedCaller):
-    check_model(state, body.model)
+    to = route(state, body.model, body.prompts(), body.max_tokens)
     reject_unsupported(body.unsupported_field())
     params = body.sampling_params(body.max_tokens)
-    engine = state.engine
-    grammar = await compile_grammar(state.grammars, requested_grammar(body))
+    engine = to.engine
+    grammar = await compile_grammar(state.grammars[to.model], requested_grammar(body))
     generation = await in_tokenizer_pool(
         state, fan_out, engine, new_id("cmpl"), body.prompts(), params, body.num_choices, engine.tokenizer.encode,
         cache_salt_for(state, caller, body.cache_salt), grammar.new_constraint if grammar else None,
     )
-    run = await admit(state, caller, generation, "text_completion", request.headers)
-    model = state.config.served_model_name
+    run = await admit(state, caller, generation, "text_completion", request.headers, to)
+    model = to.model
     shape = ChoiceShape(run, engine.tokenizer, body.echo, body.logprobs is not None)
 
     def build(finals: list[CompletionOutput]) -> CompletionResponse:

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from types import FrameType
 
 import uvicorn
@@ -14,11 +15,11 @@ logger = logging.getLogger("vigil.serve")
 
 class DrainingServer(uvicorn.Server):
     def __init__(
-        self, config: uvicorn.Config, lifecycle: Lifecycle, engine: AsyncEngine, shutdown_timeout: float
+        self, config: uvicorn.Config, lifecycle: Lifecycle, engines: Sequence[AsyncEngine], shutdown_timeout: float
     ) -> None:
         super().__init__(config)
         self._lifecycle = lifecycle
-        self.engine = engine
+        self.engines = engines
         self._shutdown_timeout = shutdown_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
@@ -44,10 +45,11 @@ class DrainingServer(uvicorn.Server):
         logger.info("draining: %d requests in flight, up to %.0fs", self._lifecycle.in_flight, self._shutdown_timeout)
         if not await self._lifecycle.wait_idle(self._shutdown_timeout):
             logger.warning("shutdown timeout: ending %d requests still in flight", self._lifecycle.in_flight)
-            self.engine.stop()
+            for engine in self.engines:
+                engine.stop()
         self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
-        if self.engine.load_error is not None:
-            return True  # nothing to serve: exit, and let the caller report why
+        if any(engine.load_error is not None for engine in self.engines):
+            return True  # a model that cannot be served: exit, and let the caller report why
         return await super().on_tick(counter)

@@ -17,6 +17,8 @@ from server.api.auth.caller import Caller
 from server.api.errors import APIError, draining, engine_failed, invalid_request, unavailable
 from server.api.protocol import MAX_CHOICES, Usage
 from server.api.rate_limits import TokenReservation
+from server.api.router import Route
+from server.api.routing_policy import RoutingRequest
 from server.api.sse import DONE, EventStreamResponse, error_event
 from server.api.state import ServerState
 from server.engine.async_engine import AsyncEngine, EngineDeadError, EngineStoppedError, OutputStream
@@ -28,6 +30,7 @@ from telemetry.service import Telemetry
 logger = logging.getLogger("vigil.api")
 
 QUEUE_FULL_RETRY_AFTER_S = 1.0
+ROUTING_CHARS_PER_TOKEN = 4
 T = TypeVar("T")
 
 
@@ -35,9 +38,17 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model != state.config.served_model_name:
-        raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+def check_model(state: ServerState, model: str | None) -> AsyncEngine:
+    """The engine of the served model named (the default when none is); 404 for a name not served."""
+    return state.router.engine_of(model)
+
+
+def route(state: ServerState, model: str | None, texts: Sequence[str | list[int]], max_tokens: int | None) -> Route:
+    """The model a generation goes to: the one named, or an alias's choice for these prompt texts (a prompt of
+    token ids counts ROUTING_CHARS_PER_TOKEN characters a token)."""
+    chars = sum(len(t) if isinstance(t, str) else ROUTING_CHARS_PER_TOKEN * len(t) for t in texts)
+    text = "\n".join(t for t in texts if isinstance(t, str))
+    return state.router.route(model, RoutingRequest(text, chars, max_tokens))
 
 
 def reject_unsupported(field: str | None) -> None:
@@ -211,19 +222,20 @@ class GenerationRun:
 
 
 async def admit(
-    state: ServerState, caller: Caller, generation: Generation, operation: str, headers: Mapping[str, str]
+    state: ServerState, caller: Caller, generation: Generation, operation: str, headers: Mapping[str, str],
+    to: Route,
 ) -> GenerationRun:
-    """Reserve tokens and hand the requests to the engine. ``operation`` (``text_completion`` or ``chat``)
-    and the request headers (for ``traceparent``) name the request's trace span."""
+    """Reserve tokens and hand the requests to the engine of the route ``to``. ``operation`` (``text_completion``
+    or ``chat``) and the request headers (for ``traceparent``) name the request's trace span."""
     reservation = state.limiter.reserve_tokens(caller.tenant, generation.token_budget)
     tracer = state.telemetry.tracer if state.telemetry is not None else None
     request_ids = [r.request_id for r in generation.requests]
     if tracer is not None:
         first = generation.requests[0]
-        tracer.start(request_ids, operation, state.config.served_model_name, first.sampling_params,
-                     first.max_tokens, headers, caller.tenant)
+        tracer.start(request_ids, operation, to.model, first.sampling_params, first.max_tokens, headers,
+                     caller.tenant)
     try:
-        stream = await state.engine.add(generation.requests)
+        stream = await to.engine.add(generation.requests)
     except BaseException as error:
         if tracer is not None:
             tracer.discard(request_ids, type(error).__name__)

@@ -5,12 +5,12 @@ Order, outermost first: request id, error boundary, size limits, authentication 
 
 import logging
 import uuid
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api.errors import APIError, draining, loading, send_error
 from server.api.lifecycle import Lifecycle
-from server.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger("vigil.api")
 
@@ -163,20 +163,22 @@ class _LimitedBody:
 
 
 class AdmissionMiddleware:
-    """Counts requests in flight; while the model loads or the server drains, new requests get 503 (health probes
+    """Counts requests in flight; while ``models_loading()`` or the server drains, new requests get 503 (health probes
     and /metrics pass through)."""
 
-    def __init__(self, app: ASGIApp, lifecycle: Lifecycle, engine: AsyncEngine, exempt_paths: frozenset[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, lifecycle: Lifecycle, models_loading: Callable[[], bool], exempt_paths: frozenset[str]
+    ) -> None:
         self.app = app
         self.lifecycle = lifecycle
-        self.engine = engine
+        self.models_loading = models_loading
         self.exempt_paths = exempt_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.exempt_paths:
             await self.app(scope, receive, send)
             return
-        if self.lifecycle.draining or self.engine.loading:
+        if self.lifecycle.draining or self.models_loading():
             await send_error(send, draining() if self.lifecycle.draining else loading())
             return
         with self.lifecycle.track():

@@ -1,10 +1,10 @@
-"""GET /v1/models: the one model this server serves; GET /version: which Vigil serves it."""
+"""GET /v1/models: the models this server serves, each behind its own engine; GET /version: which Vigil serves
+them."""
 
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter
 
-from server.api.errors import APIError
 from server.api.protocol import ModelCard, ModelList, VersionInfo
 from server.api.responses import ERROR_RESPONSES
 from server.api.state import ServerState, State
@@ -12,21 +12,20 @@ from server.api.state import ServerState, State
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 
 
-def _card(state: ServerState) -> ModelCard:
-    return ModelCard(id=state.config.served_model_name, created=state.started_at,
-                     max_model_len=state.engine.max_model_len)
+def _card(state: ServerState, name: str) -> ModelCard:
+    return ModelCard(id=name, created=state.started_at, max_model_len=state.router.engine_of(name).max_model_len)
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(state: State) -> ModelList:
-    return ModelList(data=[_card(state)])
+    return ModelList(data=[_card(state, name) for name in state.router.models])
 
 
 @router.get("/v1/models/{model:path}", response_model=ModelCard)
 async def get_model(model: str, state: State) -> ModelCard:
-    if model != state.config.served_model_name:
-        raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
-    return _card(state)
+    if model not in state.router.models:
+        raise state.router.not_found(model)
+    return _card(state, model)
 
 
 @router.get("/version", response_model=VersionInfo)

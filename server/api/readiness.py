@@ -109,7 +109,22 @@ class ReadinessProbe:
         return None
 
 
-async def keep_reporting(probe: ReadinessProbe, interval: float = STATUS_REPORT_INTERVAL_S) -> None:
+class AllModelsReady:
+    """The server's verdict over every served model's probe: alive while every engine is, ready while every one is
+    (each model's phase and readiness are still reported on its own)."""
+
+    def __init__(self, probes: list[ReadinessProbe]) -> None:
+        self.probes = probes
+
+    def liveness_problem(self) -> str | None:
+        return next((p for p in (probe.liveness_problem() for probe in self.probes) if p is not None), None)
+
+    async def readiness_problem(self) -> str | None:
+        problems = await asyncio.gather(*(probe.readiness_problem() for probe in self.probes))
+        return next((problem for problem in problems if problem is not None), None)
+
+
+async def keep_reporting(probe: ReadinessProbe | AllModelsReady, interval: float = STATUS_REPORT_INTERVAL_S) -> None:
     """Ask for a readiness verdict every ``interval`` seconds, until cancelled, so that the reported status stays
     current (and an idle engine is proven by the canary) whether or not an orchestrator probes."""
     while True:

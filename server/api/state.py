@@ -10,7 +10,8 @@ from fastapi import Depends, Request
 
 from server.api.lifecycle import Lifecycle
 from server.api.rate_limits import RateLimiter
-from server.api.readiness import ReadinessProbe
+from server.api.readiness import AllModelsReady
+from server.api.router import ModelRouter
 from server.api.structured_output import GrammarCompiler
 from server.api.tool_parsers import ToolParser
 from server.config import ServerConfig
@@ -23,14 +24,18 @@ MetricsExposition = Callable[[str | None], tuple[bytes, str]]
 
 @dataclass
 class ServerState:
+    """``engine`` is the default model's (``router.default``); ``grammars`` are compiled per model, over each
+    model's own tokenizer."""
+
     engine: AsyncEngine
+    router: ModelRouter
     config: ServerConfig
     lifecycle: Lifecycle
     limiter: RateLimiter
-    readiness: ReadinessProbe
+    readiness: AllModelsReady
     metrics_exposition: MetricsExposition
     tokenizer_pool: ThreadPoolExecutor
-    grammars: GrammarCompiler
+    grammars: dict[str, GrammarCompiler]
     tool_parser: ToolParser
     authenticated: bool = False
     telemetry: "Telemetry | None" = None

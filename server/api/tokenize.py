@@ -16,23 +16,24 @@ from server.api.protocol import (
 )
 from server.api.responses import ERROR_RESPONSES
 from server.api.state import ServerState, State
+from server.engine.async_engine import AsyncEngine
 
 router = APIRouter(tags=["tokenizer"], responses=ERROR_RESPONSES)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(body: TokenizeRequest, state: State) -> TokenizeResponse:
-    check_model(state, body.model)
+    engine = check_model(state, body.model)
     if (body.prompt is None) == (body.messages is None):
         raise invalid_request("give either prompt or messages", param="prompt")
-    tokens = await in_tokenizer_pool(state, _tokenize, state, body)
-    token_strs = [token_text(state.engine.tokenizer, t) for t in tokens] if body.return_token_strs else None
-    return TokenizeResponse(count=len(tokens), max_model_len=state.engine.max_model_len, tokens=tokens,
+    tokens = await in_tokenizer_pool(state, _tokenize, state, engine, body)
+    token_strs = [token_text(engine.tokenizer, t) for t in tokens] if body.return_token_strs else None
+    return TokenizeResponse(count=len(tokens), max_model_len=engine.max_model_len, tokens=tokens,
                             token_strs=token_strs)
 
 
-def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
-    engine, tokenizer = state.engine, state.engine.tokenizer
+def _tokenize(state: ServerState, engine: AsyncEngine, body: TokenizeRequest) -> list[int]:
+    tokenizer = engine.tokenizer
     if body.messages is not None:
         text = render_chat(tokenizer, body.messages, body.tools or [], state.tool_parser,
                            add_generation_prompt=body.add_generation_prompt is not False)
@@ -45,11 +46,11 @@ def _tokenize(state: ServerState, body: TokenizeRequest) -> list[int]:
 
 @router.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, state: State) -> DetokenizeResponse:
-    check_model(state, body.model)
-    vocab_size = state.engine.vocab_size
+    engine = check_model(state, body.model)
+    vocab_size = engine.vocab_size
     if not all(0 <= t < vocab_size for t in body.tokens):
         raise invalid_request(f"token ids must lie in [0, {vocab_size})", param="tokens")
-    return DetokenizeResponse(prompt=await in_tokenizer_pool(state, state.engine.tokenizer.decode, body.tokens))
+    return DetokenizeResponse(prompt=await in_tokenizer_pool(state, engine.tokenizer.decode, body.tokens))
 
 
 @router.get("/tokenizer_info", response_model=TokenizerInfo)

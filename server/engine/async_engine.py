@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from server.engine.constraint import TokenConstraint
@@ -113,9 +114,15 @@ class _Stop:
 
 class AsyncEngine:
     """Runs ``engine``, or a function that builds one: that runs first on the loop thread, and until it returns
-    the engine is ``loading``. If it raises, the engine is dead and ``load_error`` says why."""
+    the engine is ``loading``. If it raises, the engine is dead and ``load_error`` says why.
 
-    def __init__(self, engine: LLMEngine | Callable[[], LLMEngine]) -> None:
+    Engines of one server that share ``step_lock`` take turns stepping: a step already spreads over every core (or
+    the whole GPU), and two at once only contend for them."""
+
+    def __init__(
+        self, engine: LLMEngine | Callable[[], LLMEngine], step_lock: AbstractContextManager | None = None
+    ) -> None:
+        self._step_lock = step_lock or threading.Lock()
         self._engine = engine if isinstance(engine, LLMEngine) else None
         self._load = None if isinstance(engine, LLMEngine) else engine
         self.load_error: Exception | None = None
@@ -300,14 +307,15 @@ class AsyncEngine:
         self._call_soon(_settle, command.accepted, None)
 
     def _step(self) -> None:
-        self._step_started_at = time.monotonic()
-        try:
-            outputs = self._engine.step()
-        except Exception as error:
-            self._die(error)
-            return
-        finally:
-            self._step_started_at = None
+        with self._step_lock:
+            self._step_started_at = time.monotonic()
+            try:
+                outputs = self._engine.step()
+            except Exception as error:
+                self._die(error)
+                return
+            finally:
+                self._step_started_at = None
         self._last_step_at = time.monotonic()
         self._num_steps += 1
         deliveries = []

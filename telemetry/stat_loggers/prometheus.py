@@ -18,7 +18,8 @@ LATENCY_HISTOGRAMS = (
 
 
 class PrometheusStatLogger(StatLogger):
-    """``trace_id_of`` gives a request's trace id, attached to its latency observations as an exemplar."""
+    """One engine's stats under its ``model`` label (by default the metrics' first model). ``trace_id_of`` gives a
+    request's trace id, attached to its latency observations as an exemplar."""
 
     def __init__(
         self,
@@ -26,12 +27,13 @@ class PrometheusStatLogger(StatLogger):
         eos_token_ids: Sequence[int] = (),
         matmul_peak_flops: float | None = None,
         trace_id_of: Callable[[str], str | None] | None = None,
+        model: str | None = None,
     ) -> None:
         self.metrics = metrics
         self.eos_token_ids = tuple(eos_token_ids)
         self.matmul_peak_flops = matmul_peak_flops
         self.trace_id_of = trace_id_of
-        model = metrics.model
+        self.model = model = metrics.model if model is None else model
         # Label children bound once: a labels() lookup per observation would cost the engine thread every step.
         self._running = metrics.num_running.labels(model)
         self._waiting = metrics.num_waiting.labels(model)
@@ -96,14 +98,14 @@ class PrometheusStatLogger(StatLogger):
         with self._lock:
             generation_rate = self._generation_rate.rate(now)
             flops, busy_seconds = self._flops.total(now), self._busy_seconds.total(now)
-        model = self.metrics.model
+        model = self.model
         self.metrics.generation_throughput.labels(model).set(generation_rate)
         if self.matmul_peak_flops:
             utilization = flops / busy_seconds / self.matmul_peak_flops if busy_seconds else 0.0
             self.metrics.flops_utilization.labels(model).set(utilization)
 
     def _record_finished(self, stats: FinishedRequestStats) -> None:
-        m, model = self.metrics, self.metrics.model
+        m, model = self.metrics, self.model
         trace_id = self.trace_id_of(stats.request_id) if self.trace_id_of is not None else None
         exemplar = {"trace_id": trace_id} if trace_id else None
         timings = stats.timings()
