@@ -1,6 +1,7 @@
-"""``python -m server bench offline|telemetry|http|serve|routing``: the engine beside Hugging Face transformers,
-with telemetry on and off, or beside itself served over HTTP; ``serve`` load-tests any OpenAI-compatible server;
-``routing`` weighs the auto alias against always the large model."""
+"""``python -m server bench offline|telemetry|http|serve|routing|spec``: the engine beside Hugging Face
+transformers, with telemetry on and off, or beside itself served over HTTP; ``serve`` load-tests any
+OpenAI-compatible server; ``routing`` weighs the auto alias against always the large model; ``spec`` weighs
+speculative decoding against none."""
 
 import argparse
 
@@ -44,10 +45,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "ITL, throughput, goodput")
     add_serve_args(serve)
     serve.set_defaults(func=run_serve)
+    spec = modes.add_parser("spec", help="n-gram speculation vs none, on repetitive and random prompts, in one run")
+    spec.add_argument("--num-speculative-tokens", type=int, default=4)
+    spec.add_argument("--output-len", type=int, default=128)
+    spec.add_argument("--input-len", type=int, default=128, help="tokens of each random prompt")
+    spec.add_argument("--concurrency", type=int, default=1, help="requests at a time")
+    spec.add_argument("--repeats", type=int, default=2, help="times each shipped repetitive prompt is run per round")
+    spec.add_argument("--rounds", type=int, default=2)
+    spec.add_argument("--seed", type=int, default=0)
+    add_engine_args(spec)
+    spec.set_defaults(func=run_spec)
     routing = modes.add_parser("routing", help="a mixed workload through the auto alias vs always the large model: "
                                "CPU seconds per 1000 requests and latency")
     add_routing_args(routing)
     routing.set_defaults(func=run_routing)
+
+
+def run_spec(args: argparse.Namespace) -> int:
+    from server.bench.speculative import run
+
+    return run(args)
 
 
 def run_telemetry(args: argparse.Namespace) -> int:
