@@ -577,6 +577,37 @@ def model() -> dict:
                 min_value=0,
                 stacked=True,
             ),
+            row("Speculative decoding"),
+            timeseries(
+                "Speculative tokens and acceptance rate",
+                "With --speculative-config: guesses checked and kept per second, and the share kept (as vLLM's "
+                "speculative-decoding metrics). A low rate means the guesses cost more than they save.",
+                [
+                    target(f"sum by (model) ({rate('vigil_spec_decode_num_draft_tokens_total')})", "drafted {{model}}"),
+                    target(f"sum by (model) ({rate('vigil_spec_decode_num_accepted_tokens_total')})",
+                           "accepted {{model}}"),
+                ],
+                TOKENS_PER_SECOND,
+                width=8,
+                min_value=0,
+            ),
+            timeseries(
+                "Acceptance rate",
+                "Speculative tokens kept over those checked.",
+                [target(f"sum by (model) ({rate('vigil_spec_decode_num_accepted_tokens_total')}) / "
+                        f"sum by (model) ({rate('vigil_spec_decode_num_draft_tokens_total')})", "{{model}}")],
+                "percentunit",
+                width=8,
+                min_value=0,
+                max_value=1,
+            ),
+            heatmap(
+                "Guesses kept per step",
+                "Speculative tokens kept per request per step.",
+                "vigil_spec_decode_accepted_length",
+                "short",
+                width=8,
+            ),
             row("Routing"),
             timeseries(
                 "Routing decisions",

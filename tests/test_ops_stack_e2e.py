@@ -73,6 +73,8 @@ PARALLEL_COMPLETIONS = [
     {"prompt": "A good breakfast has", "temperature": 0.7, "top_p": 0.9, "max_tokens": 10, "seed": 3},
     {"prompt": "Rivers flow into", "temperature": 1.0, "top_p": 0.8, "max_tokens": 8, "seed": 5},
     {"prompt": "The moon is", "temperature": 0.3, "max_tokens": 14, "seed": 7},
+    # Counting continues what the prompt already holds: the server's n-gram speculation guesses from it.
+    {"prompt": "1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2,", "temperature": 0.0, "max_tokens": 12},
 ]
 SHARED_PREFIX = "You are a careful assistant. Answer in one short sentence, plainly and without lists. " * 3
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -105,7 +107,9 @@ def inbox():
 @pytest.fixture(scope="module")
 def server(smollm_folder):
     # With the test's fault switch (SIGUSR1 fails the engine's next step), for the mid-stream failure of step 5.
-    server = APIServer(smollm_folder, "--stop-on-repetition", "--max-num-seqs", "4", program=FAULT_SWITCH_PROGRAM)
+    # With speculation, so that its panels read live numbers too (the looping request of step 4 keeps guesses).
+    server = APIServer(smollm_folder, "--stop-on-repetition", "--max-num-seqs", "4",
+                       "--speculative-config", '{"num_speculative_tokens": 3}', program=FAULT_SWITCH_PROGRAM)
     try:
         server.wait_ready()
         yield server
