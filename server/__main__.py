@@ -2,9 +2,11 @@
 
 import argparse
 import logging
+import os
 import sys
 
 from server import bench_cli, generate_cli, serve_cli
+from server.distributed.environment import launched_rank
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +19,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (rank := launched_rank(os.environ)) is not None and rank > 0:
+        # Under torchrun every rank runs this command line; rank 0 serves it, and the others are its workers.
+        from server.distributed.worker import main as worker_main
+
+        return worker_main()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -68,6 +68,7 @@ class EngineConfig:
     weight_dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     device: str = "auto"
+    tensor_parallel_size: int = 1
     block_size: int = 16
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None
@@ -91,7 +92,8 @@ class EngineConfig:
             raise ValueError("block_size must be 8, 16 or 32")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_queue_len", "kv_cache_memory"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_queue_len", "kv_cache_memory",
+                     "tensor_parallel_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 

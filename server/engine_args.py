@@ -27,6 +27,10 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
                             "the tokens in the same memory, half the bytes decode attention reads; K and V are "
                             "rounded to fp16, as llama.cpp does by default), else --dtype")
     group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda[:N]")
+    group.add_argument("--tensor-parallel-size", "-tp", type=int, default=defaults.tensor_parallel_size,
+                       help="split the model's heads, MLP and vocabulary over this many processes (one per GPU on "
+                            "CUDA, over NCCL; gloo on the CPU), started by the server itself or by torchrun; each "
+                            "has its own KV pool of --kv-cache-memory on the CPU")
     group.add_argument("--block-size", type=int, default=defaults.block_size, choices=[8, 16, 32])
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     group.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens,

@@ -114,6 +114,11 @@ class VigilMetrics:
         self.step_duration = histogram(
             "vigil_engine_step_duration_seconds", "Wall time of one engine step.", latency_buckets
         )
+        self.rank_step_duration = histogram(
+            "vigil_tensor_parallel_rank_step_duration_seconds",
+            "Wall time of one tensor-parallel rank's forward pass in an engine step.", latency_buckets,
+            ("model", "rank"),
+        )
         self.kv_cache_usage = gauge("vigil_kv_cache_usage_ratio", "Share of KV cache blocks in use.")
         self.kv_cache_blocks = gauge("vigil_kv_cache_blocks", "KV cache blocks by state.", ("model", "state"))
         self.kv_cache_waste = gauge(
@@ -134,7 +139,7 @@ class VigilMetrics:
         self.engine_config = gauge(
             "vigil_engine_config_info",
             "1, labelled with how the engine computes: its attention backend and dtypes.",
-            ("model", "attention_backend", "dtype", "weight_dtype", "quantization", "device"),
+            ("model", "attention_backend", "dtype", "weight_dtype", "quantization", "device", "tensor_parallel_size"),
         )
         self.model_weight_bytes = gauge(
             "vigil_model_weight_bytes", "Memory the model's weights take, as stored (quantised or not)."

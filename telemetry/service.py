@@ -62,7 +62,8 @@ class Telemetry:
             model, str(cache.block_size), str(cache.num_blocks), cache.dtype, cache.device
         ).set(1)
         self.metrics.engine_config.labels(
-            model, info.attention_backend, info.dtype, info.weight_dtype, info.quantization, info.device
+            model, info.attention_backend, info.dtype, info.weight_dtype, info.quantization, info.device,
+            str(info.tensor_parallel_size),
         ).set(1)
         self.metrics.model_weight_bytes.labels(model).set(info.weight_bytes)
         trace_id_of = self.tracer.trace_id if self.tracer is not None else None

@@ -14,6 +14,9 @@ pytestmark = pytest.mark.server
         (["generate", "--kv-cache-memory", "1KiB", "hello"], "no room for a single KV block"),
         (["serve", "--model", "/nonexistent/model.gguf"], "not found"),
         (["generate", "--max-num-seqs", "0", "hello"], "max_num_seqs must be positive"),
+        # The bundled SmolLM2 has 9 attention heads and 3 KV heads.
+        (["serve", "--tensor-parallel-size", "2"], "--tensor-parallel-size 2 does not divide the model's 9 attention "
+                                                   "heads and 3 KV heads"),
     ],
 )
 def test_bad_start_up_exits_2_with_one_line(argv: list[str], message: str) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Files that run on every step: the engine, the models, the attention backends and the sampler.
+# Files that run on every step: the engine, the models, tensor parallelism, the attention backends and the sampler.
 STEP_PATH = [*sorted((ROOT / "server" / "engine").glob("*.py")), *sorted((ROOT / "server" / "models").glob("*.py")),
-             ROOT / "kernels" / "backend.py"]
+             *sorted((ROOT / "server" / "distributed").glob("*.py")), ROOT / "kernels" / "backend.py"]
 FACTORIES = {"tensor", "empty", "zeros", "ones", "full", "arange", "Generator", "randn", "rand", "randint",
              "as_tensor", "bincount"}
 # Run once at start-up (weights, tables), where a CPU tensor that is moved to the device afterwards is fine; and

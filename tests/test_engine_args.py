@@ -16,11 +16,12 @@ def test_engine_flags_round_trip_every_setting():
         "--model", "/models/llama", "--dtype", "bfloat16", "--weight-dtype", "float32", "--kv-cache-dtype", "float16",
         "--block-size", "32", "--max-num-seqs", "7", "--max-num-batched-tokens", "96", "--max-model-len", "640",
         "--kv-cache-memory", "3MiB", "--max-queue-len", "5", "--no-enable-prefix-caching", "--stop-on-repetition",
-        "--cache-dir", "/tmp/vigil-cache", "--quantization", "int4",
+        "--cache-dir", "/tmp/vigil-cache", "--quantization", "int4", "-tp", "2",
         "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}',
     ])
     assert config.kv_cache_dtype == "float16" and not config.enable_prefix_caching and config.stop_on_repetition
     assert config.speculative_config.num_speculative_tokens == 3 and config.quantization == "int4"
+    assert config.tensor_parallel_size == 2
     assert parse(engine_flags(config)) == config
     defaults = parse([])
     assert parse(engine_flags(defaults)) == defaults

@@ -16,6 +16,7 @@ FORBIDDEN = {
     "server/engine": ("server.api", "telemetry", "prometheus_client", "opentelemetry", "structlog", "fastapi",
                       "llguidance", "xgrammar"),
     "telemetry": ("server.api", "server.models", "fastapi"),
+    "server/distributed": ("server.api", "telemetry", "prometheus_client", "opentelemetry", "structlog", "fastapi"),
 }
 
 

@@ -1,6 +1,8 @@
 """Assembles an engine from an EngineConfig: model files, device, dtype, KV pool, scheduler."""
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,6 +15,8 @@ from server.engine.model_runner import ModelRunner, kv_bytes_per_block
 from server.engine.scheduler import Scheduler, SchedulerConfig
 from server.engine.stats import CacheInfo, EngineInfo
 from server.models.config import ModelConfig
+from server.models.decoder import DecoderModel
+from server.models.layers import Weights
 from server.models.linear import fp16_weight_gemm_available, make_linear
 from server.models.loader import load_weights, resolve_model_folder
 from server.models.registry import build_model
@@ -87,33 +91,76 @@ def count_kv_blocks(config: EngineConfig, bytes_per_block: int, device: torch.de
     return num_blocks
 
 
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes an engine computes in, keeps its weight matrices in and keeps K/V in."""
+
+    dtype: torch.dtype
+    weight_dtype: torch.dtype
+    kv_dtype: torch.dtype
+
+
+def resolve_precision(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> Precision:
+    dtype = resolve_dtype(config.dtype, model_config, device)
+    return Precision(
+        dtype,
+        resolve_weight_dtype(config.weight_dtype, dtype, device),
+        resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device),
+    )
+
+
+def load_model(
+    config: EngineConfig,
+    folder: Path,
+    model_config: ModelConfig,
+    device: torch.device,
+    precision: Precision,
+    shard: Callable[[Weights], Weights] | None = None,
+) -> DecoderModel:
+    """The model on ``device``. A tensor-parallel rank gives its share of the model as ``model_config`` and
+    ``shard``, which cuts the checkpoint's tensors to that share before they move to the device."""
+    weights = load_weights(folder, precision.dtype)
+    if shard is not None:
+        weights = shard(weights)
+    weights = {name: w.to(device) for name, w in weights.items()}
+    return build_model(
+        model_config, weights, lambda weight: make_linear(weight, precision.weight_dtype, config.quantization),
+        select_attention_backend(device), select_layer_ops(device), device, precision.weight_dtype,
+    )
+
+
 def build_engine(config: EngineConfig) -> LLMEngine:
-    """The one way to make an engine: load the model, size the KV pool, wire the scheduler."""
+    """The one way to make an engine: load the model (on every tensor-parallel rank), size the KV pool, wire the
+    scheduler."""
     folder = resolve_model_folder(config.model, Path(config.cache_dir) if config.cache_dir else None)
     model_config = ModelConfig.from_folder(folder)
     tokenizer = Tokenizer.from_folder(folder)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, model_config, device)
-    weights = {name: w.to(device) for name, w in load_weights(folder, dtype).items()}
-    weight_dtype = resolve_weight_dtype(config.weight_dtype, dtype, device)
-    attention = select_attention_backend(device)
-    model = build_model(
-        model_config, weights, lambda weight: make_linear(weight, weight_dtype, config.quantization), attention,
-        select_layer_ops(device), device, weight_dtype,
-    )
-    del weights
+    if config.tensor_parallel_size > 1:
+        from server.distributed.driver import start_tensor_parallel
+
+        model, num_blocks = start_tensor_parallel(config, folder, model_config)
+        device, precision = model.device, model.precision
+    else:
+        device = resolve_device(config.device)
+        precision = resolve_precision(config, model_config, device)
+        model = load_model(config, folder, model_config, device, precision)
+        num_blocks = count_kv_blocks(
+            config, kv_bytes_per_block(model_config, config.block_size, precision.kv_dtype), device
+        )
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                         model_config.max_position_embeddings)
-    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device)
+    dtype, weight_dtype, kv_dtype = precision.dtype, precision.weight_dtype, precision.kv_dtype
+    # A block's K and V over every rank: the pool is one block table wide on each.
     bytes_per_block = kv_bytes_per_block(model_config, config.block_size, kv_dtype)
-    num_blocks = count_kv_blocks(config, bytes_per_block, device)
     cache_info = CacheInfo(
         num_blocks, config.block_size, bytes_per_block, str(device), _dtype_name(kv_dtype)
     )
+    attention = model.attention
     logger.info(
-        "KV cache: %d blocks of %d tokens (%.1f MiB) in %s on %s; compute %s, weights %s; attention backend %s",
+        "KV cache: %d blocks of %d tokens (%.1f MiB) in %s on %s; compute %s, weights %s; attention backend %s; "
+        "tensor parallel size %d",
         num_blocks, config.block_size, cache_info.total_bytes / 2**20, kv_dtype, device, dtype, weight_dtype,
-        attention.name,
+        attention.name, config.tensor_parallel_size,
     )
     runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, device)
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -126,7 +173,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         block_manager,
     )
     info = EngineInfo(attention.name, _dtype_name(dtype), _dtype_name(weight_dtype), str(device),
-                      config.quantization or "none", model.weight_bytes)
+                      config.quantization or "none", model.weight_bytes, config.tensor_parallel_size)
     return LLMEngine(config, model_config, tokenizer, scheduler, runner, cache_info, info, max_model_len)
 
 

@@ -265,6 +265,7 @@ class LLMEngine:
             accepted_lengths=accepted_lengths,
             model_flops=self.model_flops.of_step(scheduled),
             inter_token_latencies_s=inter_token_latencies,
+            rank_step_durations_s=self.runner.model.rank_step_durations_s,
             events=events,
             finished=list(self._pending_finished),
         )

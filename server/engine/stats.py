@@ -29,7 +29,8 @@ class EngineInfo:
     weight_dtype: str
     device: str
     quantization: str  # "int8", "int4" or "none"
-    weight_bytes: int
+    weight_bytes: int  # over every tensor-parallel rank
+    tensor_parallel_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ class StepStats:
     num_draft_tokens: int = 0  # speculative guesses checked this step
     accepted_lengths: list[int] = field(default_factory=list)  # guesses kept, per request that had some
     inter_token_latencies_s: list[float] = field(default_factory=list)
+    # Per tensor-parallel rank (rank 0 first), the wall time of its forward pass; empty on one process.
+    rank_step_durations_s: tuple[float, ...] = ()
     events: list[RequestEvent] = field(default_factory=list)
     finished: list[FinishedRequestStats] = field(default_factory=list)
 

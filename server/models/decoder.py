@@ -9,11 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from kernels.backend import AttentionBackend, AttentionMetadata, LayerOps
 from server.models.config import ModelConfig
-from server.models.layers import GatedActivation, LinearFactory, Weights, rotary_tables
+from server.models.layers import GatedActivation, LinearFactory, TokenEmbedding, Weights, rotary_tables
 from server.models.linear import Linear
 
 
@@ -76,6 +75,9 @@ class DecoderModel:
     runs four GEMMs. The embedding table is held in ``weight_dtype``; everything else computes in the dtype of
     the embedding table as loaded."""
 
+    # Per tensor-parallel rank, the wall time of its last forward pass (server/distributed); one process has none.
+    rank_step_durations_s: tuple[float, ...] = ()
+
     def __init__(
         self,
         config: ModelConfig,
@@ -92,7 +94,7 @@ class DecoderModel:
         self.activation = activation
         self.dtype = weights.embed_tokens.dtype
         self.weight_dtype = weight_dtype
-        self.embed_tokens = weights.embed_tokens.to(weight_dtype)
+        self.embed = TokenEmbedding(weights.embed_tokens.to(weight_dtype), self.dtype)
         # As transformers does it: the scale rounded to the compute dtype, then multiplied.
         self.embed_scale = (
             torch.tensor(weights.embed_scale, dtype=self.dtype, device=device) if weights.embed_scale else None
@@ -111,7 +113,7 @@ class DecoderModel:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states after the final norm, one row per input token."""
-        hidden = F.embedding(input_ids, self.embed_tokens).to(self.dtype)
+        hidden = self.embed(input_ids)
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
         ops, eps = self.layer_ops, self.config.rms_norm_eps
@@ -143,7 +145,7 @@ class DecoderModel:
             vectors += [layer.input_norm, layer.mlp_norm, attn.qkv_bias, attn.q_norm, attn.k_norm, attn.output_norm,
                         mlp.output_norm]
         vector_bytes = sum(v.nbytes for v in vectors if v is not None)
-        return self.embed_tokens.nbytes + sum(m.nbytes for m in matrices) + vector_bytes
+        return self.embed.nbytes + sum(m.nbytes for m in matrices) + vector_bytes
 
     def _attention(
         self,

@@ -16,6 +16,18 @@ LinearFactory = Callable[[torch.Tensor], Linear]
 GatedActivation = Callable[[torch.Tensor], torch.Tensor]
 
 
+class TokenEmbedding:
+    """Token ids to rows of the embedding table (held in the weight dtype), in the compute dtype."""
+
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype) -> None:
+        self.table = table
+        self.dtype = dtype
+        self.nbytes = table.nbytes
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.table).to(self.dtype)
+
+
 class RotaryEmbedding:
     """cos and sin of every position's angles, fp32 ``[max_positions, head_dim]``, halves repeated."""
 

@@ -44,6 +44,7 @@ class PrometheusStatLogger(StatLogger):
         self._batch_size = metrics.batch_size.labels(model)
         self._batch_tokens = metrics.batch_tokens.labels(model)
         self._step_duration = metrics.step_duration.labels(model)
+        self._rank_step_durations: list = []
         self._preemptions = metrics.preemptions.labels(model)
         self._prefix_queries = metrics.prefix_cache_queries.labels(model)
         self._prefix_hits = metrics.prefix_cache_hits.labels(model)
@@ -73,6 +74,7 @@ class PrometheusStatLogger(StatLogger):
             self._batch_size.observe(stats.num_scheduled_seqs)
             self._batch_tokens.observe(stats.num_scheduled_tokens)
             self._step_duration.observe(stats.step_duration_s)
+            self._observe_ranks(stats.rank_step_durations_s)
         self._preemptions.inc(stats.num_preemptions)
         self._prefix_queries.inc(stats.prefix_cache_queries)
         self._prefix_hits.inc(stats.prefix_cache_hits)
@@ -92,6 +94,14 @@ class PrometheusStatLogger(StatLogger):
             if stats.num_scheduled_seqs:
                 self._flops.add(stats.timestamp, stats.model_flops)
                 self._busy_seconds.add(stats.timestamp, stats.step_duration_s)
+
+    def _observe_ranks(self, durations: tuple[float, ...]) -> None:
+        """Each tensor-parallel rank's forward pass, under its own ``rank`` label (children bound on first use)."""
+        while len(self._rank_step_durations) < len(durations):
+            rank = str(len(self._rank_step_durations))
+            self._rank_step_durations.append(self.metrics.rank_step_duration.labels(self.model, rank))
+        for child, seconds in zip(self._rank_step_durations, durations, strict=False):
+            child.observe(seconds)
 
     def tick(self) -> None:
         now = time.monotonic()
