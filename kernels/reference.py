@@ -109,13 +109,22 @@ def store_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write ``k``/``v`` (``[num_tokens, num_kv_heads, head_dim]``) into their slots; slot -1 is skipped."""
+    """Write ``k``/``v`` (``[num_tokens, num_kv_heads, head_dim]``) into their slots; slot -1 is skipped.
+
+    Without reading a value back to the host (no sync on a GPU): a skipped row writes slot 0 with what slot 0
+    holds after the call anyway, its own value or the one a valid row writes there."""
+    if slot_mapping.numel() == 0:
+        return
     slots = slot_mapping.long()
     valid = slots >= 0
-    if not bool(valid.all()):
-        slots, k, v = slots[valid], k[valid], v[valid]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+    destinations = torch.where(valid, slots, 0)
+    writes_zero = valid & (slots == 0)
+    first_zero_writer = writes_zero.int().argmax(dim=0, keepdim=True)
+    for new, cache in ((k, k_cache), (v, v_cache)):
+        flat = cache.view(-1, *cache.shape[2:])
+        new = new.to(cache.dtype)
+        slot_zero = torch.where(writes_zero.any(), new[first_zero_writer][0], flat[0])
+        flat.index_copy_(0, destinations, torch.where(valid[:, None, None], new, slot_zero))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

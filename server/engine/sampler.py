@@ -126,8 +126,8 @@ def apply_penalties(logits: torch.Tensor, request: Request) -> torch.Tensor:
         )
     if request.output_token_ids and (params.presence_penalty or params.frequency_penalty):
         output_ids = torch.tensor(request.output_token_ids, device=logits.device)
-        counts = output_ids.bincount(minlength=logits.numel())
-        counts = counts[: logits.numel()].to(logits.dtype)
+        # Not bincount: its output size depends on the ids' values, a sync on a GPU.
+        counts = torch.zeros_like(logits).index_add_(0, output_ids, torch.ones_like(output_ids, dtype=logits.dtype))
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
 
