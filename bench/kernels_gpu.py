@@ -1,4 +1,5 @@
-"""Check the Triton paged-attention kernels against the torch reference on CUDA, then time decode.
+"""Check the Triton paged-attention and quantised linear kernels against the torch reference on CUDA, then time
+decode attention and the quantised layers.
 
     python -m bench.kernels_gpu            # on a CUDA GPU (sized for an H200: about 2-3 minutes)
     python -m bench.kernels_gpu --smoke    # CPU dry run under the Triton interpreter, tiny shapes
@@ -8,11 +9,13 @@ shuffled block tables. Its bandwidth (KV bytes read / time) is set next to a lar
 copy (bytes read + written / time) and next to torch SDPA over the same KV gathered beforehand into
 contiguous memory (the gather is not timed). Calls are captured in a CUDA graph, and each call of a
 graph reads its own KV (several block tables over one large cache), so small configs are not timed
-out of L2. Exits 1 when a correctness check fails.
+out of L2. The int8 and int4 linear kernels are timed on bf16 decode shapes (SmolLM2-135M's MLP) next to the
+torch oracle and a dense bf16 F.linear, each call reading its own weights. Exits 1 when a correctness check fails.
 """
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import statistics
@@ -21,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE:
@@ -31,9 +35,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from kernels import cache_ops, paged_attention, reference  # noqa: E402
+from kernels import cache_ops, paged_attention, quantized_linear, reference  # noqa: E402
+from server.models.quantization import QuantizedWeight, dequantize, quantize  # noqa: E402
 
 TARGET_BATCH, TARGET_CONTEXT, TARGET_COPY_FRACTION = 64, 4096, 0.70
+QUANTIZATIONS = ("int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,9 @@ class Plan:
     batches: tuple[int, ...]
     contexts: tuple[int, ...]
     copy_bytes: int
-    rotate_bytes: int  # each timed graph reads at least this much distinct KV
+    rotate_bytes: int  # each timed graph reads at least this much distinct KV (or weights)
+    linear_shapes: list[tuple[int, int]]  # (output, input features) of the quantised layers
+    linear_rows: tuple[int, ...]
 
 
 LLAMA_BF16 = Shape(32, 8, 128, 16, torch.bfloat16)
@@ -85,6 +93,8 @@ GPU_PLAN_CASES = dict(
     contexts=(512, 4096, 16384),
     copy_bytes=2 << 30,
     rotate_bytes=256 << 20,
+    linear_shapes=[(1536, 576), (576, 1536)],
+    linear_rows=(1, 64),
 )
 SMOKE_SHAPE = Shape(4, 2, 64, 8, torch.bfloat16)
 SMOKE_PLAN_CASES = dict(
@@ -104,6 +114,8 @@ SMOKE_PLAN_CASES = dict(
     contexts=(32, 64),
     copy_bytes=16 << 20,
     rotate_bytes=0,
+    linear_shapes=[(68, 96)],
+    linear_rows=(1, 5),
 )
 
 
@@ -217,6 +229,16 @@ def check_store_kv(
     )
 
 
+def check_quantized_linear(
+    method: str, rows: int, shape: tuple[int, int], dtype: torch.dtype, device: torch.device
+) -> float:
+    gen = torch.Generator().manual_seed(rows * shape[0] + shape[1])
+    weight = quantize(torch.randn(shape, generator=gen).to(device), method)
+    x = torch.randn(rows, shape[1], generator=gen).to(device, dtype)
+    out = getattr(quantized_linear, f"{method}_linear")(x, *weight.tensors)
+    return relative_error(out, F.linear(x.double(), dequantize(weight).double()))
+
+
 @contextlib.contextmanager
 def only_config(kernel: triton.runtime.Autotuner, config: triton.Config) -> Iterator[None]:
     """Run ``kernel`` with exactly ``config``: checks every autotuning candidate, not just the winner."""
@@ -257,6 +279,13 @@ def run_checks(plan: Plan) -> bool:
         dtypes = f"cache {dtype_name(cache_dtype)}, k/v {dtype_name(source_dtype)}, slots {dtype_name(slot_dtype)}"
         label = f"store_kv {dtypes}"
         results.append((label, 0.0 if ok else math.inf, 0.0))
+    for method in QUANTIZATIONS:
+        for shape in plan.linear_shapes:
+            for rows in plan.linear_rows:
+                for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                    error = check_quantized_linear(method, rows, shape, dtype, plan.device)
+                    label = f"{method}_linear {dtype_name(dtype)} {rows} x {shape[1]} -> {shape[0]}"
+                    results.append((label, error, tolerance(dtype)))
 
     print("== correctness (relative error = max|out - ref| / max|ref|, reference in float64)")
     all_ok = True
@@ -408,6 +437,37 @@ def judge_target(timings: list[DecodeTiming], copy_bw: float) -> None:
           f"{target.sdpa_s / target.triton_s:.2f}x SDPA's speed")
 
 
+def linear_seconds(
+    module: ModuleType, method: str, x: torch.Tensor, weights: list[QuantizedWeight], device: torch.device
+) -> float:
+    kernel = getattr(module, f"{method}_linear")
+    return time_calls([functools.partial(kernel, x, *weight.tensors) for weight in weights], device)
+
+
+def time_quantized_linear(plan: Plan) -> None:
+    """Microseconds per call in bf16: a dense F.linear, the Triton kernels and the torch oracle, each call of a
+    graph on its own copy of the weights, as a model's layers are."""
+    print("== quantised linear, bf16 activations: us per call; x = dense bf16 F.linear's time / the kernel's")
+    columns = "".join(f" {method:>7} {'x':>5} {'oracle':>7}" for method in QUANTIZATIONS)
+    print(f"{'rows':>5} {'N':>5} {'K':>5} {'bf16':>7}{columns}")
+    for n, k in plan.linear_shapes:
+        copies = max(1, plan.rotate_bytes // (2 * n * k))
+        dense = [torch.randn(n, k, device=plan.device).to(torch.bfloat16) for _ in range(copies)]
+        quantized = {method: [quantize(w, method) for w in dense] for method in QUANTIZATIONS}
+        for rows in plan.linear_rows:
+            x = torch.randn(rows, k, device=plan.device).to(torch.bfloat16)
+            bf16 = time_calls([functools.partial(F.linear, x, w) for w in dense], plan.device)
+            cells = [f"{rows:>5} {n:>5} {k:>5} {bf16 * 1e6:>7.1f}"]
+            for method, weights in quantized.items():
+                triton_s, oracle_s = (
+                    linear_seconds(module, method, x, weights, plan.device) for module in (quantized_linear, reference)
+                )
+                cells.append(f"{triton_s * 1e6:>7.1f} {bf16 / triton_s:>5.2f} {oracle_s * 1e6:>7.1f}")
+            print(" ".join(cells))
+        if plan.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def make_plan(smoke: bool) -> Plan:
     if smoke:
         return Plan(device=torch.device("cpu"), **SMOKE_PLAN_CASES)
@@ -445,6 +505,7 @@ def main() -> None:
     timings.sort(key=lambda t: (t.batch, t.context))
     report(plan.bench_shape, timings, copy_bw)
     judge_target(timings, copy_bw)
+    time_quantized_linear(plan)
     print(f"   ({time.perf_counter() - started:.0f} s in all)")
     sys.exit(0 if checks_ok else 1)
 

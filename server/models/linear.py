@@ -43,8 +43,8 @@ class Fp16WeightLinear:
 
 
 class QuantizedLinear:
-    """Activations in the compute dtype times weights kept quantised (server/models/quantization.py): the C++
-    kernels on the CPU, the torch oracle elsewhere."""
+    """Activations in the compute dtype times weights kept quantised (server/models/quantization.py): the Triton
+    kernels on CUDA, the C++ kernels on the CPU, the torch oracle elsewhere."""
 
     def __init__(self, weight: QuantizedWeight, kernel: Callable[..., torch.Tensor]) -> None:
         self.weight = weight
@@ -89,8 +89,12 @@ def make_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: s
 
 
 def _quantized_kernel(method: str, weight: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """The C++ kernel where it runs (the CPU, output features in fours, input features in blocks of 32), else
-    the torch oracle."""
+    """The Triton kernel on CUDA (any shape quantize() makes); the C++ kernel where it runs (the CPU, output
+    features in fours, input features in blocks of 32); else the torch oracle."""
+    if weight.device.type == "cuda":
+        from kernels import quantized_linear
+
+        return getattr(quantized_linear, f"{method}_linear")
     fits = weight.shape[0] % 4 == 0 and weight.shape[1] % 32 == 0
     compiled = cpu.load() if weight.device.type == "cpu" and fits else None
     return getattr(compiled if compiled is not None else reference, f"{method}_linear")
