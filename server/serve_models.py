@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.config import EngineConfig, parse_bytes
+from server.config import EngineConfig, ServerConfig, parse_bytes
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,9 @@ def served_models_from_args(args: argparse.Namespace) -> ServedModels:
         return _from_file(Path(args.model_config), defaults)
     if len(names) > len(paths):
         raise ValueError(f"{len(names)} --served-model-name for {len(paths)} --model: give one name per model")
-    names += [path or DEFAULT_NAME for path in paths[len(names):]]
+    names += [path or ServerConfig.served_model_name for path in paths[len(names):]]
     models = [ModelSpec(name, EngineConfig(model=path, **defaults)) for name, path in zip(names, paths, strict=True)]
     return _checked(ServedModels(models, []))
-
-
-# The bundled model's served name when --model is not given.
-DEFAULT_NAME = "SmolLM2-135M-Instruct"
 
 
 def _from_file(path: Path, defaults: dict[str, Any]) -> ServedModels:

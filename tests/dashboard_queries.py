@@ -171,6 +171,11 @@ def is_balancer_query(expr: str) -> bool:
     return any(name in HAPROXY_METRICS for name in metric_names(expr))
 
 
+def is_routing_query(expr: str) -> bool:
+    """Reads the routing policy's decisions, which only a server with a routing alias (two models) makes."""
+    return "vigil_router_decisions_total" in metric_names(expr)
+
+
 def rules() -> list[tuple[str, dict]]:
     """(rule file stem, rule) for every rule in alerts/rules/."""
     found = []

@@ -14,7 +14,7 @@ from server.bench.serve.summary import SLO, distribution, parse_slo, summarize, 
 from tests.api_server import shared_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-NOT_FOUND = "HTTP 404 not_found_error: The model `no-such-model` does not exist."
+NOT_FOUND = "HTTP 404 not_found_error: The model `no-such-model` does not exist. This server serves: `smollm`."
 
 
 def record(index: int = 0, *, ttft: float = 0.1, itl: tuple[float, ...] = (0.05, 0.05, 0.05), latency: float = 0.3,
