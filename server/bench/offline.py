@@ -84,16 +84,19 @@ def warm_up(engine: LLMEngine, args: argparse.Namespace) -> None:
 
 
 def time_transformers(model, prompts: list[list[int]], output_len: int, batch_size: int, label: str) -> Throughput:
+    """On the model's device (the engine's), synchronised before the clock stops."""
     produced = 0
     started = time.perf_counter()
     for first in range(0, len(prompts), batch_size):
-        batch = torch.tensor(prompts[first : first + batch_size])
+        batch = torch.tensor(prompts[first : first + batch_size], device=model.device)
         with torch.inference_mode():
             out = model.generate(
                 batch, attention_mask=torch.ones_like(batch), max_new_tokens=output_len,
                 min_new_tokens=output_len, do_sample=False, pad_token_id=0,
             )
         produced += (out.shape[1] - batch.shape[1]) * batch.shape[0]
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
     return Throughput(label, produced, time.perf_counter() - started)
 
 
@@ -135,7 +138,7 @@ def hf_results(args: argparse.Namespace, engine: LLMEngine, prompts: list[list[i
     from server.models.loader import resolve_model_folder
 
     folder = resolve_model_folder(engine.config.model)
-    model = LlamaForCausalLM.from_pretrained(folder, dtype=engine.runner.model.dtype).eval()
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=engine.runner.model.dtype).to(engine.runner.device).eval()
     time_transformers(model, prompts[:1], 4, 1, "warm-up")
     batch = min(args.hf_batch_size, len(prompts))
     return [
