@@ -1,5 +1,5 @@
 """The CPU fast path: compiled C++ kernels for paged decode and prefill attention (K/V read in place from their
-blocks), the KV store, a layer's elementwise ops and quantised linear layers.
+blocks), the KV store, a layer's elementwise ops, quantised linear layers and decoding's bf16 matrix products.
 
 It is built on first use with the machine's C++ compiler, into a folder under TORCH_EXTENSIONS_DIR (or torch's
 default cache) named by everything the build depends on. Where no compiler is available, ``load`` returns None
@@ -20,7 +20,7 @@ logger = logging.getLogger("vigil.kernels")
 SOURCE_DIR = Path(__file__).parent / "csrc"
 SOURCES = (
     "paged_decode_attention.cpp", "paged_prefill_attention.cpp", "store_kv.cpp", "layer_ops.cpp",
-    "quantized_linear.cpp", "bindings.cpp",
+    "quantized_linear.cpp", "few_rows_linear.cpp", "bindings.cpp",
 )
 # -fno-trapping-math lets GCC vectorise loops with float selects (SiLU, exp, max); results are unchanged, only
 # floating-point exception flags are no longer kept exact. Without it those loops ran one lane at a time.

@@ -1,10 +1,25 @@
-"""The model's matrix products: fp16-stored weights compute fp32 products of the rounded weights, and a wide
-layer computed in slices equals the whole."""
+"""The model's matrix products: fp16-stored weights compute fp32 products of the rounded weights, bf16 weights
+decoding a few rows on the CPU take the C++ kernel and equal an fp32 product, and a wide layer computed in slices
+equals the whole."""
 
+import re
+
+import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from server.models.linear import CHUNKED_OUTPUT_FEATURES, ChunkedLinear, DenseLinear, Fp16WeightLinear, make_linear
+from kernels import cpu
+from server.models.linear import (
+    CHUNKED_OUTPUT_FEATURES,
+    FEW_ROWS,
+    Bf16WeightLinear,
+    ChunkedLinear,
+    DenseLinear,
+    Fp16WeightLinear,
+    make_linear,
+)
 
 
 def test_fp16_weights_are_an_fp32_product_of_the_rounded_weights():
@@ -28,3 +43,39 @@ def test_wide_cpu_layers_are_sliced_and_equal_the_whole():
         assert isinstance(layer, ChunkedLinear) and len(layer.parts) > 1
         torch.testing.assert_close(layer(x), F.linear(x, rounded), rtol=1e-6, atol=1e-5)
     assert isinstance(make_linear(weight[:CHUNKED_OUTPUT_FEATURES], torch.float32), DenseLinear)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, FEW_ROWS + 2),
+    out_features=st.integers(1, 70),
+    blocks=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_bf16_weights_few_rows_equal_an_fp32_product(rows, out_features, blocks, seed):
+    """One to FEW_ROWS rows go to the C++ kernel, more to oneDNN; both are fp32 sums of the bf16 products, rounded
+    once to bf16."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, 32 * blocks, generator=generator).bfloat16()
+    x = torch.randn(2, rows, 32 * blocks, generator=generator).bfloat16()[1]  # rows of a larger tensor
+    layer = make_linear(weight, torch.bfloat16)
+    if cpu.load() is not None:
+        assert isinstance(layer, Bf16WeightLinear)
+    out = layer(x)
+    expected = F.linear(x.float(), weight.float())
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
+    # bf16 rounding of the output (half an ulp, 2^-8 relative) plus fp32 sums in another order.
+    torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
+
+
+def test_the_few_rows_kernel_refuses_what_it_cannot_take():
+    compiled = cpu.load()
+    if compiled is None:
+        pytest.skip("no C++ compiler: the kernels did not build")
+    weight = torch.randn(8, 64).bfloat16()
+    for x, message in ((torch.randn(FEW_ROWS + 1, 64).bfloat16(), "1 to 3 rows"),
+                       (torch.randn(1, 48).bfloat16(), "x must be [rows, 64]"), (torch.randn(1, 64), "x must be bf16")):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            compiled.few_rows_linear(x, weight)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        compiled.few_rows_linear(torch.randn(1, 48).bfloat16(), torch.randn(8, 48).bfloat16())

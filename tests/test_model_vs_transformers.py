@@ -96,3 +96,19 @@ def test_all_prompts_in_one_continuous_batch_match_transformers(llm_fp32, refere
 def test_the_converted_model_knows_facts(llm_fp32):
     [output] = llm_fp32.generate("The capital of France is", SamplingParams(temperature=0.0, max_tokens=8))
     assert "Paris" in output.outputs[0].text
+
+
+def test_the_bf16_path_picks_transformers_choices(smollm_folder, hf_fp32):
+    """In bf16 on the CPU (a decoding row goes through the C++ few-rows kernel, a batch through oneDNN), every greedy
+    token is fp32 transformers' top choice given the same prefix, or a near-tie within 0.5 logits that bf16's
+    rounding may break the other way."""
+    from bench.engine_gpu import worst_margin
+    from server import LLM
+
+    llm = LLM(model=str(smollm_folder), dtype="bfloat16", kv_cache_memory=128 * 2**20)
+    alone = [llm.generate([prompt], GREEDY)[0].outputs[0].token_ids for prompt in PROMPTS]
+    batched = [output.outputs[0].token_ids for output in llm.generate(PROMPTS, GREEDY)]
+    for prompt, one, many in zip(PROMPTS, alone, batched, strict=True):
+        prompt_ids = llm.tokenizer.encode(prompt)
+        assert worst_margin(hf_fp32, prompt_ids, one) <= 0.5, prompt
+        assert worst_margin(hf_fp32, prompt_ids, many) <= 0.5, prompt

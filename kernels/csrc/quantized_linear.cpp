@@ -128,16 +128,6 @@ struct Int4Rows {
 #endif
 };
 
-#ifdef VIGIL_AVX2
-inline float horizontal_sum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-#endif
-
 // acc[r][j] += dot(x row (m + r), weights of output j) over one slice; rows beyond M are skipped.
 template <typename T>
 void tile(const T* x, int64_t ldx, int64_t rows, const float* weights, int64_t len, float acc[kRows][kOutputs]) {
@@ -155,7 +145,7 @@ void tile(const T* x, int64_t ldx, int64_t rows, const float* weights, int64_t l
       }
     }
     for (int64_t r = 0; r < kRows; ++r)
-      for (int64_t j = 0; j < kOutputs; ++j) acc[r][j] += horizontal_sum(sums[r][j]);
+      for (int64_t j = 0; j < kOutputs; ++j) acc[r][j] += vigil::horizontal_sum(sums[r][j]);
     return;
   }
   if (len % kLanes == 0) {
@@ -167,7 +157,7 @@ void tile(const T* x, int64_t ldx, int64_t rows, const float* weights, int64_t l
         for (int64_t j = 0; j < kOutputs; ++j)
           sums[j] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(weights + j * kSlice + k), sums[j]);
       }
-      for (int64_t j = 0; j < kOutputs; ++j) acc[r][j] += horizontal_sum(sums[j]);
+      for (int64_t j = 0; j < kOutputs; ++j) acc[r][j] += vigil::horizontal_sum(sums[j]);
     }
     return;
   }
@@ -190,7 +180,7 @@ void few_rows_into(const T* xp, int64_t ldx, int64_t M, int64_t K, int64_t N, co
       __m256 totals[kRows];
       for (auto& total : totals) total = _mm256_setzero_ps();
       for (int64_t k = 0; k < K; k += kBlock) rows_of_w.block_dot(n, k, xp, ldx, M, totals);
-      for (int64_t m = 0; m < M; ++m) yp[m * N + n] = static_cast<T>(horizontal_sum(totals[m]));
+      for (int64_t m = 0; m < M; ++m) yp[m * N + n] = static_cast<T>(vigil::horizontal_sum(totals[m]));
     }
   });
 }

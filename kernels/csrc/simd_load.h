@@ -1,5 +1,5 @@
 // Eight cache values widened to fp32 in one AVX2 register, whatever the cache's dtype: fp32 as is, fp16 through
-// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane.
+// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane; and the sum of a register's lanes.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -18,6 +18,14 @@ inline __m256 load8(const at::Half* p) {
 inline __m256 load8(const at::BFloat16* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
 }
 
 }  // namespace vigil
