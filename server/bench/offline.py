@@ -13,7 +13,6 @@ from server.bench.timed import Timed
 from server.engine import block_manager
 from server.engine.builder import build_engine
 from server.engine.engine import LLMEngine
-from server.engine.flops import ModelFlops
 from server.engine.request import SamplingParams
 from server.engine.stats import StepStats
 from server.engine_args import engine_config_from_args
@@ -159,9 +158,10 @@ def time_single_stream(engine: LLMEngine, prompt: list[int], output_len: int) ->
 
 
 def weight_bytes_per_step(engine: LLMEngine) -> int:
-    """What one decode step must read of the weights: every matrix once, the output layer included."""
-    flops = ModelFlops.of(engine.model_config)
-    return (flops.per_token + flops.per_sampled_token) // 2 * engine.runner.model.weight_dtype.itemsize
+    """What one decode step must read of the weights: every matrix once as stored (quantised or not), the output
+    layer included; of the embedding table only a row."""
+    model = engine.runner.model
+    return model.weight_bytes - model.embed.nbytes
 
 
 def print_single_stream(step_s: float, engine: LLMEngine, machine: Machine) -> None:
