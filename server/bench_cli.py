@@ -1,7 +1,7 @@
-"""``python -m server bench offline|telemetry|http|serve|routing|spec``: the engine beside Hugging Face
+"""``python -m server bench offline|telemetry|http|serve|routing|spec|quant``: the engine beside Hugging Face
 transformers, with telemetry on and off, or beside itself served over HTTP; ``serve`` load-tests any
 OpenAI-compatible server; ``routing`` weighs the auto alias against always the large model; ``spec`` weighs
-speculative decoding against none."""
+speculative decoding against none; ``quant`` weighs quantised weights against unquantised."""
 
 import argparse
 
@@ -55,6 +55,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     spec.add_argument("--seed", type=int, default=0)
     add_engine_args(spec)
     spec.set_defaults(func=run_spec)
+    quant = modes.add_parser("quant", help="int8 and int4 weights vs unquantised: single-stream step against the "
+                             "weight-read floor, and batch throughput, in one run")
+    quant.add_argument("--methods", default="int8,int4", help="comma-separated --quantization methods to weigh")
+    quant.add_argument("--batch", type=int, default=64, help="streams of the batch run")
+    quant.add_argument("--input-len", type=int, default=128)
+    quant.add_argument("--output-len", type=int, default=64)
+    quant.add_argument("--rounds", type=int, default=3)
+    quant.add_argument("--seed", type=int, default=0)
+    add_engine_args(quant)
+    quant.set_defaults(func=run_quant)
     routing = modes.add_parser("routing", help="a mixed workload through the auto alias vs always the large model: "
                                "CPU seconds per 1000 requests and latency")
     add_routing_args(routing)
@@ -63,6 +73,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_spec(args: argparse.Namespace) -> int:
     from server.bench.speculative import run
+
+    return run(args)
+
+
+def run_quant(args: argparse.Namespace) -> int:
+    from server.bench.quantization import run
 
     return run(args)
 
