@@ -7,6 +7,7 @@ fp32 GEMM on the skinny shapes of decoding (batch 64: 130-150 against 65-90 GFLO
 """
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Protocol
 
 import torch
@@ -32,17 +33,20 @@ class DenseLinear:
 
 
 class Bf16WeightLinear(DenseLinear):
-    """bf16 weights on the CPU: one to three rows (decoding a few sequences) go to the C++ kernel, which reads each
-    weight once straight into registers; oneDNN's bf16 GEMM, which wins from a few rows up, reached about half the
-    machine's read bandwidth at one row."""
+    """bf16 weights on the CPU: up to ``max_rows`` rows (decoding a few sequences, or one with its speculative
+    guesses) go to the C++ kernel, which reads each weight once straight into registers; oneDNN's bf16 GEMM, which
+    wins above that, reached about half the machine's read bandwidth at one row."""
 
-    def __init__(self, weight: torch.Tensor, few_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    def __init__(
+        self, weight: torch.Tensor, few_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], max_rows: int
+    ) -> None:
         super().__init__(weight)
         self.few_rows = few_rows
+        self.max_rows = max_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] > FEW_ROWS:
+        if rows.shape[0] > self.max_rows:
             return F.linear(x, self.weight)
         out = self.few_rows(rows if rows.is_contiguous() else rows.contiguous(), self.weight)
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -90,8 +94,6 @@ class ChunkedLinear:
 # Output features above which a CPU layer is sliced, and the slice height.
 CHUNKED_OUTPUT_FEATURES = 16384
 OUTPUT_CHUNK = 4096
-# Rows up to which bf16 weights on the CPU go to the C++ kernel (kernels/csrc/few_rows_linear.cpp).
-FEW_ROWS = 3
 
 
 def fp16_weight_gemm_available() -> bool:
@@ -119,19 +121,21 @@ def _quantized_kernel(method: str, weight: torch.Tensor) -> Callable[..., torch.
     return getattr(compiled if compiled is not None else reference, f"{method}_linear")
 
 
-def _few_rows_kernel(weight: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+def _few_rows_kernels(weight: torch.Tensor) -> ModuleType | None:
+    """The compiled CPU kernels where bf16 weights can take the few-rows kernel."""
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or weight.shape[1] % 32:
         return None
-    compiled = cpu.load()
-    return None if compiled is None else compiled.few_rows_linear
+    return cpu.load()
 
 
 def _single_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None) -> Linear:
     if quantization is not None:
         return QuantizedLinear(quantize(weight, quantization), _quantized_kernel(quantization, weight))
     if weight_dtype == weight.dtype:
-        few_rows = _few_rows_kernel(weight)
-        return DenseLinear(weight) if few_rows is None else Bf16WeightLinear(weight, few_rows)
+        compiled = _few_rows_kernels(weight)
+        if compiled is None:
+            return DenseLinear(weight)
+        return Bf16WeightLinear(weight, compiled.few_rows_linear, compiled.few_rows_limit())
     if weight_dtype == torch.float16 and weight.dtype == torch.float32 and weight.device.type == "cpu":
         return Fp16WeightLinear(weight)
     raise ValueError(f"weights in {weight_dtype} under {weight.dtype} compute on {weight.device} are not supported")
