@@ -1,12 +1,13 @@
 """``bench quant`` and ``bench spec`` run end to end on a tiny model and print a row of figures per engine."""
 
+import math
 import re
 
 import pytest
 
 from server.__main__ import main
 
-NUMBER = r"\d+(?:\.\d+)?"
+NUMBER = r"\d+(?:\.\d+)?|nan"
 
 
 def rows(text: str, first_words: tuple[str, ...]) -> dict[str, list[float]]:
@@ -28,6 +29,7 @@ def test_bench_quant_weighs_each_method_against_none(tiny_folder, capsys):
     weights = {name: figures[0] for name, figures in table.items()}
     assert weights["none"] > weights["int8"] > weights["int4"] > 0, "int8 and int4 read fewer weight bytes"
     assert table["none"][4] == 1.0 and all(figures[1] > 0 for figures in table.values())
+    assert all(math.isnan(figures[-1]) for figures in table.values()), "the text is longer than the tiny context"
 
 
 @pytest.mark.slow

@@ -25,6 +25,8 @@ def perplexity(engine: LLMEngine, token_ids: list[int]) -> float:
     runner = engine.runner
     block_size = runner.block_size
     count = len(token_ids)
+    if count > engine.max_model_len:  # positions past the model's rotary table would read garbage
+        raise ValueError(f"a {count}-token text is longer than the model's {engine.max_model_len} tokens")
     blocks = list(range(-(-count // block_size)))
     if len(blocks) > runner.kv_caches[0][0].shape[0]:
         raise ValueError(f"a {count}-token text does not fit the KV pool")
