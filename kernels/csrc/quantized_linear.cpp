@@ -240,8 +240,36 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
   });
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+// With AVX512-BF16, a batch of bf16 rows runs faster through oneDNN's bf16 GEMM, over the weights dequantised to
+// bf16 for this call only, than through the fp32 tiles above: its dot products do twice the work an instruction.
+// Measured on SmolLM2's shapes: the tiles win at 8 rows (252 against 282 us for 3072 x 576), the GEMM from 16
+// (375 against 667 us; 752 against 2179 at 64 rows).
+constexpr int64_t kDequantisedRows = 12;
+
+template <typename Rows>
+at::Tensor dequantised_bf16(const Rows& rows_of_w, int64_t N, int64_t K) {
+  auto w = at::empty({N, K}, at::TensorOptions().dtype(at::kBFloat16));
+  at::BFloat16* wp = w.data_ptr<at::BFloat16>();
+  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
+    std::vector<float> row(K);
+    for (int64_t n = first; n < last; ++n) {
+      rows_of_w.dequantise(n, 0, K, row.data());
+      for (int64_t k = 0; k < K; k += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(wp + n * K + k),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row.data() + k)));
+    }
+  });
+  return w;
+}
+#endif
+
 template <typename Rows>
 at::Tensor quantised_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t N) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  if (x.scalar_type() == at::kBFloat16 && x.size(0) >= kDequantisedRows)
+    return at::linear(x, dequantised_bf16(rows_of_w, N, x.size(1)));
+#endif
   auto y = at::empty({x.size(0), N}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
     quantised_linear_into<at::BFloat16>(x, rows_of_w, y);
