@@ -85,3 +85,13 @@ def test_bitmasks_unpack_bit_t_of_word_t_over_32():
     assert allowed[0].nonzero().view(-1).tolist() == [3]
     assert allowed[1].nonzero().view(-1).tolist() == [63]
     assert refused_tokens(bitmask, 40).shape == (2, 40)
+
+
+def test_greedy_tokens_are_argmax_with_its_first_index_on_ties():
+    from server.engine.sampler import greedy_tokens
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (16, 3000), generator=generator).bfloat16()  # many ties in every row
+    logits[0] = 0
+    assert greedy_tokens(logits).tolist() == logits.argmax(dim=-1).tolist()
+    assert greedy_tokens(logits)[0] == 0
