@@ -1,14 +1,13 @@
-// y = x · Wᵀ for one to eight rows of x (decoding a few sequences, or one with its speculative guesses) and bf16 weights W [N, K], on the CPU. x is bf16
-// [M, K], y bf16 [M, N]; sums are fp32.
+// y = x · Wᵀ for one to eight rows of x (decoding a few sequences, or one with its speculative guesses) and bf16
+// weights W [N, K], on the CPU. x is bf16 [M, K], y bf16 [M, N]; sums are fp32.
 //
 // At one row, a decode step is bound by reading the weights. oneDNN's bf16 GEMM reached about half the machine's
-// bandwidth there; this kernel reads each output's weights once, widens them in registers (a 16-bit shift) and
-// runs every row against them.
+// bandwidth there; this kernel reads each output's weights once and runs every row against them: with AVX512-BF16
+// dot products of bf16 pairs, else with the weights widened in registers (a 16-bit shift).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <type_traits>
-
+#include "compile_time_rows.h"
 #include "simd_load.h"
 
 namespace {
@@ -54,7 +53,7 @@ void few_rows_into(const float* x, int64_t ldx, const at::BFloat16* w, int64_t K
   });
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef VIGIL_AVX512_BF16
 // With AVX512-BF16, one instruction multiplies 32 bf16 pairs and adds them into 16 fp32 lanes: x stays in bf16
 // and the arithmetic per weight is a quarter of the widening path's, which lets more rows run at memory speed.
 template <int64_t R>
@@ -90,22 +89,12 @@ void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w
 }
 #endif
 
-// run(std::integral_constant<int64_t, M>{}): the row count as a compile-time constant, so that the accumulators
-// stay in registers.
-template <int64_t R, typename Run>
-void with_rows(int64_t M, const Run& run) {
-  if constexpr (R > 1) {
-    if (M < R) return with_rows<R - 1>(M, run);
-  }
-  run(std::integral_constant<int64_t, R>{});
-}
-
 }  // namespace
 
 // The rows up to which this kernel beats oneDNN's bf16 GEMM (measured on SmolLM2's shapes: with AVX512-BF16
 // 1.7-1.9x at eight rows; widening, 1.1-1.3x at four and even at five).
 int64_t few_rows_limit() {
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef VIGIL_AVX512_BF16
   return 8;
 #else
   return 4;
@@ -122,13 +111,15 @@ at::Tensor few_rows_linear(at::Tensor x, at::Tensor w) {
   auto y = at::empty({M, N}, x.options());
   const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef VIGIL_AVX512_BF16
   const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
-  with_rows<kMaxRows>(M, [&](auto rows) { few_rows_dot_bf16<decltype(rows)::value>(xp, x.stride(0), wp, K, N, yp); });
+  vigil::with_rows<kMaxRows>(
+      M, [&](auto rows) { few_rows_dot_bf16<decltype(rows)::value>(xp, x.stride(0), wp, K, N, yp); });
 #else
   const at::Tensor wide = x.to(at::kFloat);
   const float* xp = wide.data_ptr<float>();
-  with_rows<kMaxRows>(M, [&](auto rows) { few_rows_into<decltype(rows)::value>(xp, wide.stride(0), wp, K, N, yp); });
+  vigil::with_rows<kMaxRows>(
+      M, [&](auto rows) { few_rows_into<decltype(rows)::value>(xp, wide.stride(0), wp, K, N, yp); });
 #endif
   return y;
 }

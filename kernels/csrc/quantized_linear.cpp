@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "compile_time_rows.h"
 #include "simd_load.h"
 
 namespace {
@@ -211,9 +212,8 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
     const at::Tensor wide = x.to(at::kFloat);
     const float* wp = wide.data_ptr<float>();
     const int64_t ldw = wide.stride(0);
-    if (M == 1) few_rows_into<1>(wp, ldw, K, N, rows_of_w, yp);
-    else if (M == 2) few_rows_into<2>(wp, ldw, K, N, rows_of_w, yp);
-    else few_rows_into<3>(wp, ldw, K, N, rows_of_w, yp);
+    vigil::with_rows<kRows - 1>(
+        M, [&](auto rows) { few_rows_into<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp); });
     return;
   }
 #endif
@@ -240,7 +240,7 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
   });
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef VIGIL_AVX512_BF16
 // With AVX512-BF16, a batch of bf16 rows runs faster through oneDNN's bf16 GEMM, over the weights dequantised to
 // bf16 for this call only, than through the fp32 tiles above: its dot products do twice the work an instruction.
 // Measured on SmolLM2's shapes: the tiles win at 8 rows (252 against 282 us for 3072 x 576), the GEMM from 16
@@ -266,7 +266,7 @@ at::Tensor dequantised_bf16(const Rows& rows_of_w, int64_t N, int64_t K) {
 
 template <typename Rows>
 at::Tensor quantised_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t N) {
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef VIGIL_AVX512_BF16
   if (x.scalar_type() == at::kBFloat16 && x.size(0) >= kDequantisedRows)
     return at::linear(x, dequantised_bf16(rows_of_w, N, x.size(1)));
 #endif

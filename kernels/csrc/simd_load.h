@@ -1,5 +1,6 @@
 // Eight cache values widened to fp32 in one AVX2 register, whatever the cache's dtype: fp32 as is, fp16 through
 // F16C, bf16 by shifting its 16 bits into the top of each fp32 lane; and the sum of a register's lanes.
+// VIGIL_AVX2 and VIGIL_AVX512_BF16 name the instruction sets this build (-march=native) may use.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -29,4 +30,8 @@ inline float horizontal_sum(__m256 v) {
 }
 
 }  // namespace vigil
+#endif
+
+#if defined(VIGIL_AVX2) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#define VIGIL_AVX512_BF16 1
 #endif
