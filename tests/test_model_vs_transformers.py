@@ -99,7 +99,7 @@ def test_the_converted_model_knows_facts(llm_fp32):
 
 
 def test_the_bf16_path_picks_transformers_choices(smollm_folder, hf_fp32):
-    """In bf16 on the CPU (a decoding row goes through the C++ few-rows kernel, a batch through oneDNN), every greedy
+    """In bf16 on the CPU (decoding rows go through the C++ few-rows kernel, prefills through oneDNN), every greedy
     token is fp32 transformers' top choice given the same prefix, or a near-tie within 0.5 logits that bf16's
     rounding may break the other way."""
     from bench.engine_gpu import worst_margin
