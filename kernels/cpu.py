@@ -15,12 +15,14 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from kernels.isa import cpu_flags
+
 logger = logging.getLogger("vigil.kernels")
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
 SOURCES = (
-    "paged_decode_attention.cpp", "paged_prefill_attention.cpp", "store_kv.cpp", "layer_ops.cpp",
-    "quantized_linear.cpp", "few_rows_linear.cpp", "bindings.cpp",
+    "paged_decode_attention.cpp", "paged_decode_bf16.cpp", "paged_prefill_attention.cpp", "store_kv.cpp",
+    "layer_ops.cpp", "quantized_linear.cpp", "few_rows_linear.cpp", "bindings.cpp",
 )
 # -fno-trapping-math lets GCC vectorise loops with float selects (SiLU, exp, max); results are unchanged, only
 # floating-point exception flags are no longer kept exact. Without it those loops ran one lane at a time.
@@ -32,10 +34,7 @@ def _build_tag() -> str:
     the compiler flags and the sources."""
     import torch
 
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
+    flags = " ".join(sorted(cpu_flags()))
     sources = "".join(path.read_text() for path in sorted(SOURCE_DIR.iterdir()))
     identity = " ".join((flags, sys.version, torch.__version__, *CFLAGS, sources))
     return hashlib.sha256(identity.encode()).hexdigest()[:12]

@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 from kernels import cpu
 from server.models.linear import (
     CHUNKED_OUTPUT_FEATURES,
+    FEW_ROWS_BEFORE_PACKED,
     Bf16WeightLinear,
     ChunkedLinear,
     DenseLinear,
     Fp16WeightLinear,
+    PackedBf16WeightLinear,
     make_linear,
+    packed_bf16_gemm_wins,
 )
 
 MAX_FEW_ROWS = 8  # what kernels/csrc/few_rows_linear.cpp accepts; layers use it up to its few_rows_limit()
@@ -84,3 +87,20 @@ def test_the_few_rows_kernel_refuses_what_it_cannot_take():
             compiled.few_rows_linear(x, weight)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         compiled.few_rows_linear(torch.randn(1, 48).bfloat16(), torch.randn(8, 48).bfloat16())
+
+
+@pytest.mark.skipif(not packed_bf16_gemm_wins(), reason="no AMX here: bf16 layers keep oneDNN's plain-weight GEMM")
+@pytest.mark.parametrize("rows", [FEW_ROWS_BEFORE_PACKED + 1, 17, 64, 130])
+def test_bf16_layers_on_amx_take_weights_packed_once_and_equal_an_fp32_product(rows):
+    """Above the few-rows kernel's rows, the GEMM over weights packed at load; the output layer stays whole."""
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(CHUNKED_OUTPUT_FEATURES + 96, 64, generator=generator).bfloat16()
+    x = torch.randn(rows, 64, generator=generator).bfloat16()
+    layer = make_linear(weight, torch.bfloat16)
+    assert isinstance(layer, PackedBf16WeightLinear) and layer.max_rows <= FEW_ROWS_BEFORE_PACKED
+    assert layer.nbytes == weight.nbytes
+    expected = F.linear(x.float(), weight.float())
+    out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, weight.shape[0])
+    torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
+    torch.testing.assert_close(layer(x.unsqueeze(0))[0], out, rtol=0, atol=0)

@@ -2,9 +2,10 @@
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+
+from kernels.isa import cpu_flags, cpu_model
 
 # The ISA that decides which kernels can be fast here, as /proc/cpuinfo names it.
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
@@ -23,16 +24,6 @@ class Machine:
                 f"read bandwidth {self.read_bandwidth_bytes_per_second / 1e9:.1f} GB/s")
 
 
-def cpu_model_and_flags() -> tuple[str, set[str]]:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown CPU", set()
-    fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    return fields.get("model name", "unknown CPU"), set(fields.get("flags", "").split())
-
-
 def measure_read_bandwidth(repeats: int = 7) -> float:
     """Bytes per second that a reduction streams from memory, with every thread: the fastest of a few passes over
     a buffer much larger than any cache (as STREAM reports the best), since other work on the machine only slows
@@ -48,6 +39,6 @@ def measure_read_bandwidth(repeats: int = 7) -> float:
 
 
 def this_machine() -> Machine:
-    cpu, flags = cpu_model_and_flags()
-    return Machine(cpu, tuple(flag for flag in ISA_FLAGS if flag in flags), torch.get_num_threads(),
+    flags = cpu_flags()
+    return Machine(cpu_model(), tuple(flag for flag in ISA_FLAGS if flag in flags), torch.get_num_threads(),
                    measure_read_bandwidth())

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from kernels.backend import select_attention_backend, select_layer_ops
+from kernels.isa import cpu_flags
 from server.config import EngineConfig
 from server.engine.block_manager import BlockManager
 from server.engine.engine import LLMEngine
@@ -35,11 +36,7 @@ def resolve_device(name: str) -> torch.device:
 
 def cpu_has_fast_bf16() -> bool:
     """AMX or AVX512-BF16: without them, bf16 matmuls on the CPU are emulated and slower than fp32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 def resolve_dtype(name: str, model_config: ModelConfig, device: torch.device) -> torch.dtype:
