@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 namespace vigil {
 
@@ -16,6 +17,12 @@ inline void check_paged_attention_inputs(const at::Tensor& q, const at::Tensor& 
               "K and V caches must share a layout and a dtype");
   TORCH_CHECK(k_cache.stride(3) == 1 && q.stride(2) == 1, "head_dim must be contiguous");
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+}
+
+// A decode task is a sequence and a run of its KV heads. Whole sequences read each token row in one sweep, which
+// streams best; with few sequences, single heads keep every thread busy.
+inline int64_t decode_kv_heads_per_task(int64_t num_seqs, int64_t num_kv_heads) {
+  return num_seqs >= 4 * at::get_num_threads() ? num_kv_heads : 1;
 }
 
 // Calls kernel(cache_type, queries, out) with a value of the cache's C++ type (fp32, fp16 or bf16) and fp32

@@ -1,6 +1,7 @@
 // Paged decode attention for the CPU: reads K/V straight from their blocks, with no gathered copy.
 // A task computes every query head of a sequence's KV heads (all of them, or one when sequences are few).
-// Queries and outputs are fp32; the cache may be fp32, bf16 or fp16, widened as it is read. With AVX2 the dot
+// Queries and outputs are fp32; the cache may be fp32, bf16 or fp16, widened as it is read. bf16 queries over a
+// bf16 cache take paged_decode_bf16.cpp instead where the CPU has AVX512-BF16. With AVX2 the dot
 // products and the weighted sum of values use FMA directly; elsewhere the loops are written so that GCC
 // vectorises them: fixed 8-wide partial sums instead of reductions, and a polynomial exp with no library call.
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "paged_attention_entry.h"
+#include "paged_decode_bf16.h"
 #include "simd_load.h"
 #include "vector_math.h"
 
@@ -151,9 +153,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int64_t group = num_heads / num_kv_heads;
   const int64_t table_width = block_tables.size(1);
   const int64_t token_stride = k_cache.stride(1), block_stride = k_cache.stride(0), head_stride = k_cache.stride(2);
-  // A task is a sequence and a run of its KV heads. Whole sequences read each token row in one sweep, which
-  // streams best; with few sequences, single heads keep every thread busy.
-  const int64_t heads_per_task = num_seqs >= 4 * at::get_num_threads() ? num_kv_heads : 1;
+  const int64_t heads_per_task = vigil::decode_kv_heads_per_task(num_seqs, num_kv_heads);
   const int64_t tasks_per_seq = num_kv_heads / heads_per_task;
   const int64_t row_bytes = ((heads_per_task - 1) * head_stride + dim) * static_cast<int64_t>(sizeof(T));
   const float* q_ptr = q.data_ptr<float>();
@@ -218,6 +218,11 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
   TORCH_CHECK(q.size(2) % kLanes == 0, "head_dim must be a multiple of 8");
   auto tables = block_tables.to(at::kInt).contiguous();
   auto lens = seq_lens.to(at::kInt).contiguous();
+#ifdef VIGIL_AVX512_BF16
+  if (q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 && q.size(2) % 32 == 0 &&
+      q.size(2) <= 256)
+    return vigil::paged_decode_bf16(q, k_cache, v_cache, tables, lens, scale, window);
+#endif
   const auto kernel = [&](auto cache_type, const at::Tensor& queries, at::Tensor& out) {
     decode<decltype(cache_type)>(queries, k_cache, v_cache, tables, lens, scale, window, out);
   };

@@ -4,6 +4,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 namespace vigil {
 
@@ -34,6 +39,39 @@ inline float silu(float x) {
   return x * sigmoid;
 }
 
+#ifdef __AVX512F__
+// exp_nonpositive on 16 lanes: the same reduction and polynomial, with fused multiply-adds.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+// row[:len] = softmax(row[:len]), in place, 16 lanes at a time (GCC's own vectorisation kept 8 and a scalar max).
+inline void softmax(float* row, int64_t len) {
+  const auto tail = [&](int64_t i) { return static_cast<__mmask16>(len - i >= 16 ? 0xFFFF : (1u << (len - i)) - 1); };
+  __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < len; i += 16) peak = _mm512_mask_max_ps(peak, tail(i), peak, _mm512_maskz_loadu_ps(tail(i), row + i));
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t i = 0; i < len; i += 16) {
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail(i), row + i), top));
+    _mm512_mask_storeu_ps(row + i, tail(i), e);
+    total = _mm512_mask_add_ps(total, tail(i), total, e);
+  }
+  const __m512 inverse = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+  for (int64_t i = 0; i < len; i += 16)
+    _mm512_mask_storeu_ps(row + i, tail(i), _mm512_mul_ps(_mm512_maskz_loadu_ps(tail(i), row + i), inverse));
+}
+#else
 // row[:len] = softmax(row[:len]), in place.
 inline void softmax(float* row, int64_t len) {
   constexpr int64_t kLanes = 8;
@@ -49,5 +87,6 @@ inline void softmax(float* row, int64_t len) {
   const float inverse = 1.f / total;
   for (int64_t i = 0; i < len; ++i) row[i] *= inverse;
 }
+#endif
 
 }  // namespace vigil
