@@ -78,10 +78,6 @@ inline void prefetch_rows(const bf16* cache, const int64_t* rows, int n, int64_t
   }
 }
 
-inline __m512 widen16(const bf16* p) {
-  return _mm512_cvtpbh_ps(reinterpret_cast<__m256bh>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-}
-
 // out[h][c:c+16*Vectors] = sum over t of weights[h][t] * V[t][c:c+16*Vectors] for `Heads` query heads sharing
 // these values, rounded to bf16 once at the end.
 template <int Heads, int Vectors>
@@ -95,7 +91,7 @@ void weighted_values(const bf16* values, const int64_t* rows, int64_t span, cons
     if (t + kChunk < span)
       for (int k = 0; k < Vectors; k += 2) _mm_prefetch(reinterpret_cast<const char*>(values + rows[t + kChunk] + column + 16 * k), _MM_HINT_T0);
     __m512 v[Vectors];
-    for (int k = 0; k < Vectors; ++k) v[k] = widen16(row + 16 * k);
+    for (int k = 0; k < Vectors; ++k) v[k] = vigil::load16(row + 16 * k);
     for (int h = 0; h < Heads; ++h) {
       const __m512 w = _mm512_set1_ps(weights[h * span + t]);
       for (int k = 0; k < Vectors; ++k) acc[h][k] = _mm512_fmadd_ps(w, v[k], acc[h][k]);
@@ -103,8 +99,7 @@ void weighted_values(const bf16* values, const int64_t* rows, int64_t span, cons
   }
   for (int h = 0; h < Heads; ++h)
     for (int k = 0; k < Vectors; ++k)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[h] + column + 16 * k),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[h][k])));
+      vigil::store16(out[h] + column + 16 * k, acc[h][k]);
 }
 
 // The value pass of one KV head's query heads, in runs of up to four heads and 64 (else 32) columns.

@@ -1,6 +1,7 @@
 // Eight cache values widened to fp32 in one AVX2 register, whatever the cache's dtype: fp32 as is, fp16 through
 // F16C, bf16 by shifting its 16 bits into the top of each fp32 lane; and the sum of a register's lanes.
-// VIGIL_AVX2 and VIGIL_AVX512_BF16 name the instruction sets this build (-march=native) may use.
+// VIGIL_AVX2 and VIGIL_AVX512_BF16 name the instruction sets this build (-march=native) may use; with the latter,
+// 16 bf16 lanes at a time to and from fp32.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -32,6 +33,29 @@ inline float horizontal_sum(__m256 v) {
 }  // namespace vigil
 #endif
 
-#if defined(VIGIL_AVX2) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(VIGIL_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512BF16__)
 #define VIGIL_AVX512_BF16 1
+
+namespace vigil {
+
+// The first `count` of 16 lanes (all of them from 16 up).
+inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+}
+
+// Up to 16 bf16 values widened to fp32 (lanes past `lanes` read nothing and are zero), and stored back rounded
+// to the nearest even bf16, as at::BFloat16 rounds.
+inline __m512 load16(const at::BFloat16* p, __mmask16 lanes = 0xFFFF) {
+  return _mm512_cvtpbh_ps(reinterpret_cast<__m256bh>(_mm256_maskz_loadu_epi16(lanes, p)));
+}
+
+inline void store16(at::BFloat16* p, __m512 v, __mmask16 lanes = 0xFFFF) {
+  _mm256_mask_storeu_epi16(p, lanes, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+
+// v rounded to bf16 and widened again: what a value stored in bf16 and read back holds.
+inline __m512 round_to_bf16(__m512 v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
+
+}  // namespace vigil
 #endif
