@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from kernels import cpu
 from server.models.linear import (
     CHUNKED_OUTPUT_FEATURES,
-    FEW_ROWS_BEFORE_PACKED,
     Bf16WeightLinear,
     ChunkedLinear,
     DenseLinear,
@@ -90,14 +89,14 @@ def test_the_few_rows_kernel_refuses_what_it_cannot_take():
 
 
 @pytest.mark.skipif(not packed_bf16_gemm_wins(), reason="no AMX here: bf16 layers keep oneDNN's plain-weight GEMM")
-@pytest.mark.parametrize("rows", [FEW_ROWS_BEFORE_PACKED + 1, 17, 64, 130])
+@pytest.mark.parametrize("rows", [MAX_FEW_ROWS + 1, 17, 64, 130])
 def test_bf16_layers_on_amx_take_weights_packed_once_and_equal_an_fp32_product(rows):
     """Above the few-rows kernel's rows, the GEMM over weights packed at load; the output layer stays whole."""
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(CHUNKED_OUTPUT_FEATURES + 96, 64, generator=generator).bfloat16()
     x = torch.randn(rows, 64, generator=generator).bfloat16()
     layer = make_linear(weight, torch.bfloat16)
-    assert isinstance(layer, PackedBf16WeightLinear) and layer.max_rows <= FEW_ROWS_BEFORE_PACKED
+    assert isinstance(layer, PackedBf16WeightLinear) and layer.max_rows <= MAX_FEW_ROWS
     assert layer.nbytes == weight.nbytes
     expected = F.linear(x.float(), weight.float())
     out = layer(x)

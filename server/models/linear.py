@@ -59,9 +59,10 @@ class Bf16WeightLinear(DenseLinear):
 class PackedBf16WeightLinear(Bf16WeightLinear):
     """On CPUs with AMX, more rows than the few-rows kernel takes go to oneDNN's bf16 GEMM over a copy of the
     weights reordered once, at load, into the blocked layout its AMX kernels read; given plain weights, oneDNN
-    reorders them on every call. Batch 64 on two Xeon cores: 1.3-1.5x faster. The plain weights stay for the
-    few-rows kernel, which wins at one row (about 1.7x), so these layers hold their weights twice; ``nbytes``
-    counts the model's weights once, as a step reads them."""
+    reorders them on every call. SmolLM2's linears streaming from memory on two Xeon cores, a step: 48 against
+    33 ms at batch 64, 69 against 48 at 128, even at 512. The plain weights stay for the few-rows kernel, which
+    beats the packed GEMM up to its eight rows (one row: 14-15 against 24 ms), so these layers hold their weights
+    twice; ``nbytes`` counts the model's weights once, as a step reads them."""
 
     def __init__(
         self, weight: torch.Tensor, few_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], max_rows: int
@@ -115,11 +116,8 @@ class ChunkedLinear:
 # Output features above which a CPU layer is sliced, and the slice height.
 CHUNKED_OUTPUT_FEATURES = 16384
 OUTPUT_CHUNK = 4096
-# The batch that oneDNN picks the packed layout for (a full decode batch), and the rows up to which the
-# few-rows kernel still beats the packed GEMM (two Xeon cores with AMX: 9.3 against 14.0 ms a step of linears at
-# one row, even at three, 12.4 against 10.9 at four).
+# The batch that oneDNN picks the packed layout for: a full decode batch.
 PACKED_FOR_ROWS = 64
-FEW_ROWS_BEFORE_PACKED = 3
 
 
 def packed_bf16_gemm_wins() -> bool:
@@ -172,10 +170,8 @@ def _single_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization
         compiled = _few_rows_kernels(weight)
         if compiled is None:
             return DenseLinear(weight)
-        if _packs(weight, weight_dtype):
-            limit = min(compiled.few_rows_limit(), FEW_ROWS_BEFORE_PACKED)
-            return PackedBf16WeightLinear(weight, compiled.few_rows_linear, limit)
-        return Bf16WeightLinear(weight, compiled.few_rows_linear, compiled.few_rows_limit())
+        layer = PackedBf16WeightLinear if _packs(weight, weight_dtype) else Bf16WeightLinear
+        return layer(weight, compiled.few_rows_linear, compiled.few_rows_limit())
     if weight_dtype == torch.float16 and weight.dtype == torch.float32 and weight.device.type == "cpu":
         return Fp16WeightLinear(weight)
     raise ValueError(f"weights in {weight_dtype} under {weight.dtype} compute on {weight.device} are not supported")
