@@ -46,7 +46,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_serve_args(serve)
     serve.set_defaults(func=run_serve)
     spec = modes.add_parser("spec", help="n-gram speculation vs none, on repetitive and random prompts, in one run")
-    spec.add_argument("--num-speculative-tokens", type=int, default=4)
     spec.add_argument("--output-len", type=int, default=128)
     spec.add_argument("--input-len", type=int, default=128, help="tokens of each random prompt")
     spec.add_argument("--concurrency", type=int, default=1, help="requests at a time")

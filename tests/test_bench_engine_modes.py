@@ -34,9 +34,13 @@ def test_bench_quant_weighs_each_method_against_none(tiny_folder, capsys):
 
 @pytest.mark.slow
 def test_bench_spec_prints_both_workloads(tiny_folder, capsys):
+    speculation = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 2}'
     code = main(["bench", "spec", "--model", str(tiny_folder), "--dtype", "float32", "--kv-cache-memory", "64MiB",
-                 "--output-len", "8", "--input-len", "16", "--repeats", "1", "--rounds", "1"])  # fmt: skip
+                 "--output-len", "8", "--input-len", "16", "--repeats", "1", "--rounds", "1",
+                 "--speculative-config", speculation])  # fmt: skip
     assert code == 0
-    table = rows(capsys.readouterr().out, ("repetitive", "random"))
+    out = capsys.readouterr().out
+    assert '"num_speculative_tokens": 2' in out and '"prompt_lookup_min": 2' in out, "the engine flag is what runs"
+    table = rows(out, ("repetitive", "random"))
     assert set(table) == {"repetitive", "random"}
     assert all(figures[0] > 0 and figures[1] > 0 for figures in table.values())

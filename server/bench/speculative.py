@@ -27,7 +27,8 @@ def rate(engine: LLMEngine, prompts: list[list[int]], output_len: int, concurren
 
 def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
-    speculation = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens)
+    # The engine flag --speculative-config, else n-gram speculation with its defaults.
+    speculation = config.speculative_config or SpeculativeConfig()
     plain = build_engine(dataclasses.replace(config, speculative_config=None))
     speculative = build_engine(dataclasses.replace(config, speculative_config=speculation))
     encode = plain.tokenizer.encode
