@@ -46,7 +46,7 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
                             "scale per output channel) or int4 (a scale and a minimum per 32 input features)")
     group.add_argument("--speculative-config", type=_speculative_config, default=None,
                        help='speculative decoding, as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
-                            '"prompt_lookup_max": 3, "prompt_lookup_min": 1}; off by default')
+                            '"prompt_lookup_max": 4, "prompt_lookup_min": 2}; off by default')
     group.add_argument("--stop-on-repetition", action="store_true",
                        help="end a request whose output loops (finish_reason stop, stop_reason repetition)")
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")

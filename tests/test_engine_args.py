@@ -25,3 +25,11 @@ def test_engine_flags_round_trip_every_setting():
     assert parse(engine_flags(config)) == config
     defaults = parse([])
     assert parse(engine_flags(defaults)) == defaults
+
+
+def test_a_lookup_window_below_the_default_minimum_takes_it_as_its_minimum():
+    """prompt_lookup_max alone may be 1, under the default minimum of 2: the minimum follows it down."""
+    short = parse(["--speculative-config", '{"method": "ngram", "prompt_lookup_max": 1}']).speculative_config
+    assert (short.prompt_lookup_min, short.prompt_lookup_max) == (1, 1)
+    wide = parse(["--speculative-config", '{"method": "ngram", "prompt_lookup_max": 6}']).speculative_config
+    assert (wide.prompt_lookup_min, wide.prompt_lookup_max) == (2, 6)
