@@ -150,6 +150,32 @@ def test_prefill_matches_the_reference(
     )
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    block_size=st.sampled_from([8, 16, 32]),
+    head_dim=st.sampled_from([32, 64, 128, 256]),
+    kv_heads=st.sampled_from([1, 3]),
+    group=st.sampled_from([1, 3, 5]),
+    sequences=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 75)), min_size=1, max_size=4),
+    window=WINDOWS,
+    seed=st.integers(0, 2**16),
+)
+def test_bf16_prefill_matches_the_reference(compiled, block_size, head_dim, kv_heads, group, sequences, window, seed):
+    """bf16 queries over a bf16 cache: on CPUs with AVX512-BF16 their own kernel (the decode kernel's bf16 dot
+    products and value sums, rows masked causally and to the window), up to gemma's head size of 256."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [cached + new for cached, new in sequences]
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, torch.bfloat16)
+    cu_seqlens = torch.tensor([0] + [new for _, new in sequences], dtype=torch.int32).cumsum(0).to(torch.int32)
+    num_heads = kv_heads * group
+    fused = torch.randn(int(cu_seqlens[-1]), (num_heads + 2) * head_dim, generator=generator).bfloat16()
+    q = fused[:, : num_heads * head_dim].view(-1, num_heads, head_dim)
+    assert_both_paths_match_the_oracle(
+        compiled, "paged_prefill_attention", q, k_cache, v_cache, tables, cu_seqlens,
+        torch.tensor(lengths, dtype=torch.int32), head_dim**-0.5, window=window,
+    )
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     tokens=st.integers(1, 40),

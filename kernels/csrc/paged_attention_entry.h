@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <vector>
+
 namespace vigil {
 
 // q is [tokens, heads, head_dim]; the caches are [blocks, block_size, kv_heads, head_dim], alike in shape,
@@ -23,6 +25,24 @@ inline void check_paged_attention_inputs(const at::Tensor& q, const at::Tensor& 
 // streams best; with few sequences, single heads keep every thread busy.
 inline int64_t decode_kv_heads_per_task(int64_t num_seqs, int64_t num_kv_heads) {
   return num_seqs >= 4 * at::get_num_threads() ? num_kv_heads : 1;
+}
+
+// A prefill task: up to kPrefillTileTokens new tokens of one sequence and one KV head, with every query head that
+// shares it.
+constexpr int64_t kPrefillTileTokens = 32;
+
+struct PrefillTask {
+  int64_t seq;
+  int64_t kv_head;
+  int64_t first_token;  // index among the sequence's new tokens
+};
+
+inline std::vector<PrefillTask> prefill_tasks(const std::vector<int64_t>& cu_seqlens, int64_t num_kv_heads) {
+  std::vector<PrefillTask> tasks;
+  for (int64_t seq = 0; seq + 1 < static_cast<int64_t>(cu_seqlens.size()); ++seq)
+    for (int64_t first = 0; first < cu_seqlens[seq + 1] - cu_seqlens[seq]; first += kPrefillTileTokens)
+      for (int64_t head = 0; head < num_kv_heads; ++head) tasks.push_back({seq, head, first});
+  return tasks;
 }
 
 // Calls kernel(cache_type, queries, out) with a value of the cache's C++ type (fp32, fp16 or bf16) and fp32

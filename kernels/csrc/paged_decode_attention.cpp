@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "paged_attention_entry.h"
-#include "paged_decode_bf16.h"
+#include "paged_attention_bf16.h"
 #include "simd_load.h"
 #include "vector_math.h"
 
@@ -219,8 +219,7 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
   auto tables = block_tables.to(at::kInt).contiguous();
   auto lens = seq_lens.to(at::kInt).contiguous();
 #ifdef VIGIL_AVX512_BF16
-  if (q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 && q.size(2) % 32 == 0 &&
-      q.size(2) <= 256)
+  if (vigil::bf16_attention_applies(q, k_cache))
     return vigil::paged_decode_bf16(q, k_cache, v_cache, tables, lens, scale, window);
 #endif
   const auto kernel = [&](auto cache_type, const at::Tensor& queries, at::Tensor& out) {

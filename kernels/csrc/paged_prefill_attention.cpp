@@ -6,7 +6,7 @@
 // every block size, so a chunk never spans blocks). Each chunk is widened to fp32 once from the cache's dtype,
 // K transposed, and every row of the tile uses it: scores are a [rows x dim] . [dim x 8] product and the
 // weighted values a [rows x 8] . [8 x dim] one, both register-blocked. Softmax runs on whole rows between the
-// two passes.
+// two passes. bf16 queries over a bf16 cache take paged_prefill_bf16.cpp instead where the CPU has AVX512-BF16.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "paged_attention_bf16.h"
 #include "paged_attention_entry.h"
 #include "simd_load.h"
 #include "vector_math.h"
@@ -21,7 +22,6 @@
 namespace {
 
 constexpr int64_t kChunk = 8;
-constexpr int64_t kTileTokens = 32;
 
 // out[r * out_stride + j] = q[r] . keys[:, j] for rows r and the kChunk keys j; keys is [dim, kChunk].
 void chunk_scores(const float* q, int64_t rows, const float* keys, int64_t dim, float* out, int64_t out_stride) {
@@ -94,11 +94,6 @@ void widen(const T* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
-struct Task {
-  int64_t seq;
-  int64_t kv_head;
-  int64_t first_token;  // index among the sequence's new tokens
-};
 
 template <typename T>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
@@ -114,17 +109,14 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
   const int32_t* table_ptr = tables.data_ptr<int32_t>();
   float* out_ptr = out.data_ptr<float>();
 
-  std::vector<Task> tasks;
-  for (int64_t seq = 0; seq + 1 < static_cast<int64_t>(cu_seqlens.size()); ++seq)
-    for (int64_t first = 0; first < cu_seqlens[seq + 1] - cu_seqlens[seq]; first += kTileTokens)
-      for (int64_t head = 0; head < num_kv_heads; ++head) tasks.push_back({seq, head, first});
+  const std::vector<vigil::PrefillTask> tasks = vigil::prefill_tasks(cu_seqlens, num_kv_heads);
 
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> queries, scores, acc, key(dim), keys(dim * kChunk), values(kChunk * dim);
     for (int64_t index = begin; index < end; ++index) {
-      const Task& task = tasks[index];
+      const vigil::PrefillTask& task = tasks[index];
       const int64_t num_new = cu_seqlens[task.seq + 1] - cu_seqlens[task.seq];
-      const int64_t tokens = std::min(kTileTokens, num_new - task.first_token);
+      const int64_t tokens = std::min(vigil::kPrefillTileTokens, num_new - task.first_token);
       const int64_t rows = tokens * group;
       // Row r is new token first_token + r / group, at this position, and query head kv_head * group + r % group.
       const int64_t first_position = seq_lens[task.seq] - num_new + task.first_token;
@@ -203,6 +195,10 @@ at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor 
     TORCH_CHECK(num_new >= 0 && num_new <= context_lens[i], "each sequence's new tokens are the end of its context");
     TORCH_CHECK(context_lens[i] <= tables.size(1) * k_cache.size(1), "a context is longer than its block table");
   }
+#ifdef VIGIL_AVX512_BF16
+  if (vigil::bf16_attention_applies(q, k_cache))
+    return vigil::paged_prefill_bf16(q, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, window);
+#endif
   const auto kernel = [&](auto cache_type, const at::Tensor& queries, at::Tensor& out) {
     prefill<decltype(cache_type)>(queries, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, window, out);
   };

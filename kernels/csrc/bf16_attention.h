@@ -1,0 +1,167 @@
+// What the bf16 attention kernels (paged_decode_bf16.cpp, paged_prefill_bf16.cpp) share, on CPUs with
+// AVX512-BF16 (Zen 4, Xeons since Cooper Lake). Nothing is widened to fp32 before the dot products: vdpbf16ps
+// multiplies bf16 pairs exactly and sums in fp32. Scores of 16 tokens are kept as 16 vectors of partial sums and
+// added across in one tree, instead of one horizontal sum per token and query row. The weighted sum of values
+// widens each value row once and adds it into fp32 accumulators held in registers for up to four query rows,
+// written out in bf16.
+#pragma once
+
+#include "simd_load.h"
+
+#ifdef VIGIL_AVX512_BF16
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "compile_time_rows.h"
+
+namespace vigil::bf16_attention {
+
+using bf16 = at::BFloat16;
+constexpr int kChunk = 16;          // tokens whose scores one tree of additions finishes
+constexpr int64_t kMaxVectors = 8;  // head_dim up to 256, in 32s
+
+// Lane i of the result is the sum of v[i]'s 16 lanes.
+inline __m512 lane_sums(const __m512* v) {
+  __m512 halves[8], quarters[4], eighths[2];
+  // [v0 q0+q2, v0 q1+q3, v1 q0+q2, v1 q1+q3] in 128-bit quarters
+  for (int i = 0; i < 8; ++i)
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  // each quarter: four partial sums of one of four vectors
+  for (int i = 0; i < 4; ++i)
+    quarters[i] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0x88),
+                                _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    eighths[i] = _mm512_add_ps(_mm512_unpacklo_ps(quarters[2 * i], quarters[2 * i + 1]),
+                               _mm512_unpackhi_ps(quarters[2 * i], quarters[2 * i + 1]));
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(eighths[0], eighths[1], 0x44),
+                                    _mm512_shuffle_ps(eighths[0], eighths[1], 0xEE));
+  // The tree leaves vector 4j + q's sum in lane 4q + j.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, sums);
+}
+
+// Where the keys and values of the tokens a query sees lie in the caches: rows[t] for its t-th token, found once
+// per sequence by walking its block table (no division per token and head).
+inline void token_rows(const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t block_stride,
+                int64_t token_stride, std::vector<int64_t>& rows) {
+  rows.resize(len - first);
+  int64_t block = first / block_size, offset = first % block_size;
+  for (int64_t t = 0; t < len - first; ++t) {
+    rows[t] = table[block] * block_stride + offset * token_stride;
+    if (++offset == block_size) offset = 0, ++block;
+  }
+}
+
+// scores[0:n] = scale * q . K[rows[0:n]] for one query head and up to 16 tokens; q is `vectors` x 32 bf16.
+template <int64_t Vectors>
+inline void key_scores(const bf16* keys, const int64_t* rows, int n, const __m512bh* q, float scale, float* scores) {
+  __m512 partial[kChunk];
+  for (int i = 0; i < kChunk; ++i) {
+    const bf16* row = keys + rows[std::min(i, n - 1)];
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < Vectors; ++j)
+      acc = _mm512_dpbf16_ps(acc, q[j], reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + 32 * j)));
+    partial[i] = acc;
+  }
+  const __m512 sums = _mm512_mul_ps(lane_sums(partial), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << n) - 1), sums);
+}
+
+// Blocks lie anywhere in the pool, so no hardware prefetcher finds the next one: while one chunk of tokens is
+// read, the rows of the next are fetched (`bytes` of each, every KV head of the task).
+inline void prefetch_rows(const bf16* cache, const int64_t* rows, int n, int64_t bytes) {
+  for (int i = 0; i < n; ++i) {
+    const char* row = reinterpret_cast<const char*>(cache + rows[i]);
+    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T0);
+  }
+}
+
+// out[h][c:c+16*Vectors] = sum over t of weights[h][t] * V[t][c:c+16*Vectors] for `Heads` query heads sharing
+// these values, rounded to bf16 once at the end.
+template <int Heads, int Vectors>
+void weighted_values(const bf16* values, const int64_t* rows, int64_t span, const float* weights, int64_t column,
+                     bf16* const* out) {
+  __m512 acc[Heads][Vectors];
+  for (auto& head : acc)
+    for (auto& lanes : head) lanes = _mm512_setzero_ps();
+  for (int64_t t = 0; t < span; ++t) {
+    const bf16* row = values + rows[t] + column;
+    if (t + kChunk < span)
+      for (int k = 0; k < Vectors; k += 2)
+        _mm_prefetch(reinterpret_cast<const char*>(values + rows[t + kChunk] + column + 16 * k), _MM_HINT_T0);
+    __m512 v[Vectors];
+    for (int k = 0; k < Vectors; ++k) v[k] = load16(row + 16 * k);
+    for (int h = 0; h < Heads; ++h) {
+      const __m512 w = _mm512_set1_ps(weights[h * span + t]);
+      for (int k = 0; k < Vectors; ++k) acc[h][k] = _mm512_fmadd_ps(w, v[k], acc[h][k]);
+    }
+  }
+  for (int h = 0; h < Heads; ++h)
+    for (int k = 0; k < Vectors; ++k)
+      store16(out[h] + column + 16 * k, acc[h][k]);
+}
+
+// The value pass of query rows that share their values (a KV head's query heads, with each row's weights over the
+// span), in runs of up to four rows and 64 (else 32) columns.
+inline void weighted_values(const bf16* values, const int64_t* rows, int64_t span, const float* weights, int64_t heads,
+                     int64_t dim, bf16* const* out) {
+  for (int64_t h = 0; h < heads; h += 4) {
+    const int64_t run = std::min<int64_t>(4, heads - h);
+    for (int64_t column = 0; column < dim;) {
+      const bool wide = dim - column >= 64;
+      const auto go = [&](auto heads_c, auto vectors_c) {
+        weighted_values<decltype(heads_c)::value, decltype(vectors_c)::value>(
+            values, rows, span, weights + h * span, column, out + h);
+      };
+      using Two = std::integral_constant<int, 2>;
+      using Four = std::integral_constant<int, 4>;
+      const auto with_heads = [&](auto vectors_c) {
+        switch (run) {
+          case 1: go(std::integral_constant<int, 1>{}, vectors_c); break;
+          case 2: go(std::integral_constant<int, 2>{}, vectors_c); break;
+          case 3: go(std::integral_constant<int, 3>{}, vectors_c); break;
+          default: go(std::integral_constant<int, 4>{}, vectors_c); break;
+        }
+      };
+      if (wide) with_heads(Four{}); else with_heads(Two{});
+      column += wide ? 64 : 32;
+    }
+  }
+}
+
+template <int64_t Vectors>
+void score_rows(const bf16* const* queries, const bf16* const* keys, int64_t count, const int64_t* rows, int64_t span,
+                float scale, const bf16* prefetched, int64_t row_bytes, std::vector<__m512bh>& query, float* scores) {
+  query.resize(count * Vectors);
+  for (int64_t r = 0; r < count; ++r)
+    for (int64_t j = 0; j < Vectors; ++j)
+      query[r * Vectors + j] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(queries[r] + 32 * j));
+  for (int64_t start = 0; start < span; start += kChunk) {
+    const int n = static_cast<int>(std::min<int64_t>(kChunk, span - start));
+    if (start + kChunk < span)
+      prefetch_rows(prefetched, rows + start + kChunk, static_cast<int>(std::min<int64_t>(kChunk, span - start - kChunk)),
+                    row_bytes);
+    for (int64_t r = 0; r < count; ++r)
+      key_scores<Vectors>(keys[r], rows + start, n, &query[r * Vectors], scale, scores + r * span + start);
+  }
+}
+
+// scores[r * span + t] = scale * q_r . K_r[rows[t]] for `count` query rows, q_r at queries[r] (`vectors` x 32 bf16)
+// against the keys at keys[r], over the span's tokens, 16 at a time; the next 16 tokens' rows (`row_bytes` of each
+// from prefetched) are fetched meanwhile.
+inline void score_rows(const bf16* const* queries, const bf16* const* keys, int64_t count, const int64_t* rows,
+                       int64_t span, int64_t vectors, float scale, const bf16* prefetched, int64_t row_bytes,
+                       std::vector<__m512bh>& query, float* scores) {
+  with_rows<kMaxVectors>(vectors, [&](auto vectors_c) {
+    score_rows<decltype(vectors_c)::value>(queries, keys, count, rows, span, scale, prefetched, row_bytes, query,
+                                           scores);
+  });
+}
+
+}  // namespace vigil::bf16_attention
+
+#endif
