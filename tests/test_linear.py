@@ -103,3 +103,4 @@ def test_bf16_layers_on_amx_take_weights_packed_once_and_equal_an_fp32_product(r
     assert out.dtype == torch.bfloat16 and out.shape == (rows, weight.shape[0])
     torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
     torch.testing.assert_close(layer(x.unsqueeze(0))[0], out, rtol=0, atol=0)
+    assert isinstance(make_linear(weight, torch.bfloat16, "int8"), ChunkedLinear), "quantised layers keep their slices"

@@ -132,7 +132,8 @@ def fp16_weight_gemm_available() -> bool:
 def make_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None = None) -> Linear:
     """``weight_dtype`` is the compute dtype, or float16 under float32 compute on the CPU; ``quantization`` (int8
     or int4) stores the weights quantised instead."""
-    if weight.device.type == "cpu" and weight.shape[0] > CHUNKED_OUTPUT_FEATURES and not _packs(weight, weight_dtype):
+    whole = quantization is None and _packs(weight, weight_dtype)
+    if weight.device.type == "cpu" and weight.shape[0] > CHUNKED_OUTPUT_FEATURES and not whole:
         parts = weight.split(OUTPUT_CHUNK)
         return ChunkedLinear([_single_linear(part, weight_dtype, quantization) for part in parts])
     return _single_linear(weight, weight_dtype, quantization)
