@@ -12,10 +12,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "compile_time_rows.h"
+#include "vector_math.h"
 
 namespace vigil::bf16_attention {
 
@@ -47,7 +47,7 @@ inline __m512 lane_sums(const __m512* v) {
 // Where the keys and values of the tokens a query sees lie in the caches: rows[t] for its t-th token, found once
 // per sequence by walking its block table (no division per token and head).
 inline void token_rows(const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t block_stride,
-                int64_t token_stride, std::vector<int64_t>& rows) {
+                       int64_t token_stride, std::vector<int64_t>& rows) {
   rows.resize(len - first);
   int64_t block = first / block_size, offset = first % block_size;
   for (int64_t t = 0; t < len - first; ++t) {
@@ -68,7 +68,7 @@ inline void key_scores(const bf16* keys, const int64_t* rows, int n, const __m51
     partial[i] = acc;
   }
   const __m512 sums = _mm512_mul_ps(lane_sums(partial), _mm512_set1_ps(scale));
-  _mm512_mask_storeu_ps(scores, static_cast<__mmask16>((1u << n) - 1), sums);
+  _mm512_mask_storeu_ps(scores, first_lanes(n), sums);
 }
 
 // Blocks lie anywhere in the pool, so no hardware prefetcher finds the next one: while one chunk of tokens is
@@ -82,7 +82,7 @@ inline void prefetch_rows(const bf16* cache, const int64_t* rows, int n, int64_t
 
 // out[h][c:c+16*Vectors] = sum over t of weights[h][t] * V[t][c:c+16*Vectors] for `Heads` query heads sharing
 // these values, rounded to bf16 once at the end.
-template <int Heads, int Vectors>
+template <int64_t Heads, int Vectors>
 void weighted_values(const bf16* values, const int64_t* rows, int64_t span, const float* weights, int64_t column,
                      bf16* const* out) {
   __m512 acc[Heads][Vectors];
@@ -95,39 +95,29 @@ void weighted_values(const bf16* values, const int64_t* rows, int64_t span, cons
         _mm_prefetch(reinterpret_cast<const char*>(values + rows[t + kChunk] + column + 16 * k), _MM_HINT_T0);
     __m512 v[Vectors];
     for (int k = 0; k < Vectors; ++k) v[k] = load16(row + 16 * k);
-    for (int h = 0; h < Heads; ++h) {
+    for (int64_t h = 0; h < Heads; ++h) {
       const __m512 w = _mm512_set1_ps(weights[h * span + t]);
       for (int k = 0; k < Vectors; ++k) acc[h][k] = _mm512_fmadd_ps(w, v[k], acc[h][k]);
     }
   }
-  for (int h = 0; h < Heads; ++h)
-    for (int k = 0; k < Vectors; ++k)
-      store16(out[h] + column + 16 * k, acc[h][k]);
+  for (int64_t h = 0; h < Heads; ++h)
+    for (int k = 0; k < Vectors; ++k) store16(out[h] + column + 16 * k, acc[h][k]);
 }
 
 // The value pass of query rows that share their values (a KV head's query heads, with each row's weights over the
 // span), in runs of up to four rows and 64 (else 32) columns.
-inline void weighted_values(const bf16* values, const int64_t* rows, int64_t span, const float* weights, int64_t heads,
-                     int64_t dim, bf16* const* out) {
+inline void weighted_values(const bf16* values, const int64_t* rows, int64_t span, const float* weights,
+                            int64_t heads, int64_t dim, bf16* const* out) {
   for (int64_t h = 0; h < heads; h += 4) {
-    const int64_t run = std::min<int64_t>(4, heads - h);
     for (int64_t column = 0; column < dim;) {
       const bool wide = dim - column >= 64;
-      const auto go = [&](auto heads_c, auto vectors_c) {
-        weighted_values<decltype(heads_c)::value, decltype(vectors_c)::value>(
-            values, rows, span, weights + h * span, column, out + h);
-      };
-      using Two = std::integral_constant<int, 2>;
-      using Four = std::integral_constant<int, 4>;
-      const auto with_heads = [&](auto vectors_c) {
-        switch (run) {
-          case 1: go(std::integral_constant<int, 1>{}, vectors_c); break;
-          case 2: go(std::integral_constant<int, 2>{}, vectors_c); break;
-          case 3: go(std::integral_constant<int, 3>{}, vectors_c); break;
-          default: go(std::integral_constant<int, 4>{}, vectors_c); break;
-        }
-      };
-      if (wide) with_heads(Four{}); else with_heads(Two{});
+      with_rows<4>(std::min<int64_t>(4, heads - h), [&](auto heads_c) {
+        constexpr int64_t run = decltype(heads_c)::value;
+        if (wide)
+          weighted_values<run, 4>(values, rows, span, weights + h * span, column, out + h);
+        else
+          weighted_values<run, 2>(values, rows, span, weights + h * span, column, out + h);
+      });
       column += wide ? 64 : 32;
     }
   }

@@ -54,10 +54,6 @@ void few_rows_into(const float* x, int64_t ldx, const at::BFloat16* w, int64_t K
 }
 
 #ifdef VIGIL_AVX512_BF16
-// How far ahead of the row being read its thread's weights are prefetched: the hardware prefetchers alone kept one
-// row at a time to 12-14 GB/s on two Xeon cores whose reductions read 22 GB/s; 4 KB ahead, 16-18 GB/s.
-constexpr int64_t kPrefetchBytes = 4096;
-
 // With AVX512-BF16, one instruction multiplies 32 bf16 pairs and adds them into 16 fp32 lanes: x stays in bf16
 // and the arithmetic per weight is a quarter of the widening path's, which lets more rows run at memory speed.
 template <int64_t R>
@@ -65,11 +61,10 @@ void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w
                        at::BFloat16* y) {
   constexpr int64_t A = R <= 2 ? 4 : 2;  // rows x accumulators + weights within the 32 AVX-512 registers
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
-    const char* end = reinterpret_cast<const char*>(w + last * K);
+    const at::BFloat16* end = w + last * K;
     for (int64_t n = first; n < last; ++n) {
       const at::BFloat16* row = w + n * K;
-      const char* ahead = reinterpret_cast<const char*>(row) + kPrefetchBytes;
-      for (int64_t b = 0; b < K * 2 && ahead + b < end; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      vigil::prefetch_ahead(row, K * static_cast<int64_t>(sizeof(at::BFloat16)), end);
       __m512 acc[R][A];
       for (auto& lanes : acc)
         for (auto& a : lanes) a = _mm512_setzero_ps();

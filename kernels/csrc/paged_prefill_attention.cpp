@@ -94,7 +94,6 @@ void widen(const T* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
-
 template <typename T>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
              const std::vector<int64_t>& cu_seqlens, const std::vector<int64_t>& seq_lens, double scale,

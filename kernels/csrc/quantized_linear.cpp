@@ -183,9 +183,6 @@ void tile(const T* x, int64_t ldx, int64_t rows, const float* weights, int64_t l
 }
 
 #ifdef VIGIL_AVX2
-// As in the few-rows bf16 kernel: how far ahead of the codes being read a thread's weights are prefetched.
-constexpr int64_t kPrefetchBytes = 4096;
-
 // Fewer rows than a register tile (decoding one to three sequences): each task reads its outputs' codes once,
 // straight into registers, and runs every row against them. Bound by reading the codes, as a decode step is.
 // x comes widened to fp32 (bf16 rows once, not once per output). The row count R is a compile-time constant so
@@ -198,10 +195,7 @@ void few_rows_into(const float* xp, int64_t ldx, int64_t K, int64_t N, const Row
     const char* end = rows_of_w.codes(last * together);
     for (int64_t task = first; task < last; ++task) {
       const int64_t n0 = task * together;
-      const char* ahead = rows_of_w.codes(n0) + kPrefetchBytes;
-      for (const char* line = ahead; line < ahead + (rows_of_w.codes(n0 + together) - rows_of_w.codes(n0)) && line < end;
-           line += 64)
-        _mm_prefetch(line, _MM_HINT_T0);
+      vigil::prefetch_ahead(rows_of_w.codes(n0), rows_of_w.codes(n0 + together) - rows_of_w.codes(n0), end);
       __m256 totals[together][R];
       for (auto& output : totals)
         for (auto& total : output) total = _mm256_setzero_ps();
@@ -223,8 +217,7 @@ void int8_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, co
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     const char* end = w.codes(last);
     for (int64_t n = first; n < last; ++n) {
-      const char* ahead = w.codes(n) + kPrefetchBytes;
-      for (const char* line = ahead; line < ahead + K && line < end; line += 64) _mm_prefetch(line, _MM_HINT_T0);
+      vigil::prefetch_ahead(w.codes(n), K, end);
       const int8_t* codes = w.w + n * K;
       __m512 totals[R];
       for (auto& total : totals) total = _mm512_setzero_ps();

@@ -40,6 +40,11 @@ inline float silu(float x) {
 }
 
 #ifdef __AVX512F__
+// The first `count` of 16 lanes (all of them from 16 up).
+inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+}
+
 // exp_nonpositive on 16 lanes: the same reduction and polynomial, with fused multiply-adds.
 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
@@ -57,9 +62,10 @@ inline __m512 exp_nonpositive(__m512 x) {
 
 // row[:len] = softmax(row[:len]), in place, 16 lanes at a time (GCC's own vectorisation kept 8 and a scalar max).
 inline void softmax(float* row, int64_t len) {
-  const auto tail = [&](int64_t i) { return static_cast<__mmask16>(len - i >= 16 ? 0xFFFF : (1u << (len - i)) - 1); };
+  const auto tail = [&](int64_t i) { return first_lanes(len - i); };
   __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < len; i += 16) peak = _mm512_mask_max_ps(peak, tail(i), peak, _mm512_maskz_loadu_ps(tail(i), row + i));
+  for (int64_t i = 0; i < len; i += 16)
+    peak = _mm512_mask_max_ps(peak, tail(i), peak, _mm512_maskz_loadu_ps(tail(i), row + i));
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
   __m512 total = _mm512_setzero_ps();
   for (int64_t i = 0; i < len; i += 16) {
