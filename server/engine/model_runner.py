@@ -61,7 +61,7 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_hidden_layers)
         ]
-        self.sampler = Sampler()
+        self.sampler = Sampler(model.layer_ops.greedy_tokens)
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """One forward pass; new tokens for each scheduled request that is now up to date."""
