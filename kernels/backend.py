@@ -21,7 +21,7 @@ from types import ModuleType
 
 import torch
 
-from kernels import reference
+from kernels import fresh_prefill, reference
 
 BACKEND_ENV = "VIGIL_ATTENTION_BACKEND"
 BACKENDS = ("torch", "triton", "cpu")
@@ -124,7 +124,8 @@ class AttentionBackend(ABC):
         out = torch.empty_like(q)
         if num_decode:
             out[:num_decode] = self.decode(q[:num_decode], k_cache, v_cache, meta, scale, window)
-        out[num_decode:] = self.prefill(q[num_decode:], k_cache, v_cache, meta, scale, window)
+        new = slice(num_decode, None)
+        out[new] = self.prefill(q[new], k[new], v[new], k_cache, v_cache, meta, scale, window)
         return out
 
     @abstractmethod
@@ -140,9 +141,11 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        window: int | None = None,
-    ) -> torch.Tensor: ...
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, scale: float, window: int | None = None,
+    ) -> torch.Tensor:
+        """The prefill rows: their queries, and their own keys and values, already stored in the caches."""
+        ...
 
 
 class TorchAttention(AttentionBackend):
@@ -163,8 +166,8 @@ class TorchAttention(AttentionBackend):
         )
 
     def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        window: int | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, scale: float, window: int | None = None,
     ) -> torch.Tensor:
         return reference.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
@@ -195,9 +198,14 @@ class CpuAttention(AttentionBackend):
         )
 
     def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        window: int | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, scale: float, window: int | None = None,
     ) -> torch.Tensor:
+        if fresh_prefill.applies(meta.prefill_query_starts, meta.prefill_context_lens, window):
+            # Rounded as the cache holds them, so that prefill sees what later decode steps read.
+            return fresh_prefill.fresh_prefill_attention(
+                q, k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype), meta.prefill_query_starts, scale
+            )
         return self.compiled.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
             window or 0,
@@ -230,8 +238,8 @@ class TritonAttention(AttentionBackend):
         )
 
     def prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        window: int | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, scale: float, window: int | None = None,
     ) -> torch.Tensor:
         return self._kernels.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu
+from kernels import cpu, fresh_prefill
 from kernels.backend import (
     AttentionBackend,
     AttentionBatch,
@@ -80,6 +80,46 @@ def test_every_backend_stores_and_attends_as_the_oracle(decode_lens, prefills, w
         assert all(torch.equal(a, b) for a, b in zip(caches, expected_caches, strict=True)), backend.name
         assert out.shape == q.shape
         assert float((out - expected).abs().max()) < 1e-4, backend.name
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    decode_lens=st.lists(st.integers(1, 90), max_size=2),
+    new_tokens=st.lists(st.sampled_from([5, 16, 33]), min_size=1, max_size=5),
+    dtypes=st.sampled_from([
+        (torch.float32, torch.float32), (torch.float32, torch.float16), (torch.bfloat16, torch.bfloat16),
+    ]),
+    seed=st.integers(0, 2**16),
+)
+def test_prompts_without_cached_context_attend_over_their_own_keys_as_the_oracle_over_the_cache(
+    decode_lens, new_tokens, dtypes, seed
+):
+    """The CPU backend's fresh-prefill path (torch's flash attention on the step's own K/V, runs of equal lengths in
+    one call) against the oracle, which reads the cache: the same values, rounded as the cache holds them."""
+    compute_dtype, cache_dtype = dtypes
+    generator = torch.Generator().manual_seed(seed)
+    batch = mixed_batch(decode_lens, [(0, new) for new in new_tokens], generator)
+    assert fresh_prefill.applies(batch.prefill_query_starts, batch.prefill_seq_lens, None)
+    assert fresh_prefill.applies(batch.prefill_query_starts, batch.prefill_seq_lens, max(new_tokens))
+    assert not fresh_prefill.applies(batch.prefill_query_starts, batch.prefill_seq_lens, max(new_tokens) - 1)
+    num_tokens = len(batch.slot_mapping)
+    q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(compute_dtype)
+    k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator).to(compute_dtype) for _ in range(2))
+    shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    start_caches = [torch.randn(shape, generator=generator).to(cache_dtype) for _ in range(2)]
+
+    def run(backend: AttentionBackend) -> torch.Tensor:
+        caches = [cache.clone() for cache in start_caches]
+        return backend.forward(q, k, v, (caches[0], caches[1]), backend.prepare(batch), HEAD_DIM**-0.5)
+
+    expected = run(TorchAttention(DEVICE)).float()
+    out = run(backends()[0]).float()
+    assert float((out - expected).abs().max()) < (1e-4 if compute_dtype == torch.float32 else 2e-2)
+
+
+def test_a_prefill_over_cached_context_is_not_fresh():
+    batch = mixed_batch([], [(0, 7), (16, 12)], torch.Generator().manual_seed(0))
+    assert not fresh_prefill.applies(batch.prefill_query_starts, batch.prefill_seq_lens, None)
 
 
 def test_metadata_carries_the_host_sizes_the_kernels_would_otherwise_sync_for():
