@@ -201,14 +201,41 @@ class CpuAttention(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         meta: AttentionMetadata, scale: float, window: int | None = None,
     ) -> torch.Tensor:
-        if fresh_prefill.applies(meta.prefill_query_starts, meta.prefill_context_lens, window):
-            # Rounded as the cache holds them, so that prefill sees what later decode steps read.
-            return fresh_prefill.fresh_prefill_attention(
-                q, k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype), meta.prefill_query_starts, scale
-            )
+        fresh = fresh_prefill.fresh_sequences(meta.prefill_query_starts, meta.prefill_context_lens, window)
+        if not any(fresh):
+            return self._paged_prefill(q, k_cache, v_cache, meta, scale, window)
+        out = torch.empty_like(q)
+        if not all(fresh):
+            self._paged_prefill_of([not f for f in fresh], q, k_cache, v_cache, meta, scale, window, out)
+        # Rounded as the cache holds them, so that prefill sees what later decode steps read.
+        k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
+        fresh_prefill.attend_fresh(q, k, v, meta.prefill_query_starts, fresh, scale, out)
+        return out
+
+    def _paged_prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None,
+    ) -> torch.Tensor:
         return self.compiled.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
             window or 0,
+        )
+
+    def _paged_prefill_of(
+        self, chosen: list[bool], q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, scale: float, window: int | None, out: torch.Tensor,
+    ) -> None:
+        """The paged kernel over the chosen sequences alone, into their rows of ``out``."""
+        starts = meta.prefill_query_starts
+        picked = [i for i, taken in enumerate(chosen) if taken]
+        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in picked])
+        cu_seqlens = [0]
+        for i in picked:
+            cu_seqlens.append(cu_seqlens[-1] + starts[i + 1] - starts[i])
+        index = torch.tensor(picked)
+        out[rows] = self.compiled.paged_prefill_attention(
+            q[rows], k_cache, v_cache, meta.prefill_block_tables[index], torch.tensor(cu_seqlens, dtype=torch.int32),
+            meta.prefill_seq_lens[index], scale, window or 0,
         )
 
 

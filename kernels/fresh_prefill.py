@@ -11,37 +11,46 @@ import torch
 import torch.nn.functional as F
 
 
-def applies(query_starts: Sequence[int], context_lens: Sequence[int], window: int | None) -> bool:
-    """Every sequence's new tokens are its whole context, and a sliding window, if any, covers them all."""
+def fresh_sequences(query_starts: Sequence[int], context_lens: Sequence[int], window: int | None) -> list[bool]:
+    """Per prefill sequence: its new tokens are its whole context, and a sliding window, if any, covers them."""
     lengths = [end - start for start, end in zip(query_starts, query_starts[1:], strict=False)]
-    fresh = all(length == context for length, context in zip(lengths, context_lens, strict=True))
-    return fresh and (window is None or max(lengths, default=0) <= window)
+    return [
+        length == context and (window is None or length <= window)
+        for length, context in zip(lengths, context_lens, strict=True)
+    ]
 
 
-def _equal_length_runs(query_starts: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(first row, sequences, new tokens each) of every run of consecutive sequences with one number of new
+def _equal_length_runs(query_starts: Sequence[int], chosen: Sequence[bool]) -> list[tuple[int, int, int]]:
+    """(first row, sequences, new tokens each) of every run of consecutive chosen sequences with one number of new
     tokens."""
     runs: list[tuple[int, int, int]] = []
-    for start, end in zip(query_starts, query_starts[1:], strict=False):
-        if runs and runs[-1][2] == end - start:
+    extends = False
+    for start, end, taken in zip(query_starts, query_starts[1:], chosen, strict=False):
+        if taken and extends and runs[-1][2] == end - start:
             first, count, length = runs[-1]
             runs[-1] = (first, count + 1, length)
-        else:
+        elif taken:
             runs.append((start, 1, end - start))
+        extends = taken
     return runs
 
 
-def fresh_prefill_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_starts: Sequence[int], scale: float
-) -> torch.Tensor:
-    """``q``: ``[tokens, heads, head_dim]``, ``k``/``v``: ``[tokens, kv_heads, head_dim]``, sequence ``i`` owning
-    rows ``query_starts[i]:query_starts[i + 1]``; consecutive sequences of one length go in one call."""
-    out = torch.empty_like(q)
-    for first, count, length in _equal_length_runs(query_starts):
+def attend_fresh(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_starts: Sequence[int],
+    chosen: Sequence[bool],
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Writes the chosen sequences' rows of ``out``. ``q``: ``[tokens, heads, head_dim]``, ``k``/``v``:
+    ``[tokens, kv_heads, head_dim]``, sequence ``i`` owning rows ``query_starts[i]:query_starts[i + 1]``;
+    consecutive sequences of one length go in one call."""
+    for first, count, length in _equal_length_runs(query_starts, chosen):
         rows = slice(first, first + count * length)
         if not length:
             continue
         q_run, k_run, v_run = (x[rows].view(count, length, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
         attended = F.scaled_dot_product_attention(q_run, k_run, v_run, is_causal=True, scale=scale, enable_gqa=True)
         out[rows] = attended.transpose(1, 2).reshape(count * length, *q.shape[1:])
-    return out

@@ -82,26 +82,30 @@ def test_every_backend_stores_and_attends_as_the_oracle(decode_lens, prefills, w
         assert float((out - expected).abs().max()) < 1e-4, backend.name
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     decode_lens=st.lists(st.integers(1, 90), max_size=2),
-    new_tokens=st.lists(st.sampled_from([5, 16, 33]), min_size=1, max_size=5),
+    prefills=st.lists(st.tuples(st.sampled_from([0, 0, 16, 20]), st.sampled_from([5, 16, 33])), min_size=1, max_size=5),
     dtypes=st.sampled_from([
         (torch.float32, torch.float32), (torch.float32, torch.float16), (torch.bfloat16, torch.bfloat16),
     ]),
     seed=st.integers(0, 2**16),
 )
 def test_prompts_without_cached_context_attend_over_their_own_keys_as_the_oracle_over_the_cache(
-    decode_lens, new_tokens, dtypes, seed
+    decode_lens, prefills, dtypes, seed
 ):
     """The CPU backend's fresh-prefill path (torch's flash attention on the step's own K/V, runs of equal lengths in
-    one call) against the oracle, which reads the cache: the same values, rounded as the cache holds them."""
+    one call) beside the paged kernel for chunks over cached context, against the oracle, which reads the cache
+    for all of them: the same values, rounded as the cache holds them."""
     compute_dtype, cache_dtype = dtypes
     generator = torch.Generator().manual_seed(seed)
-    batch = mixed_batch(decode_lens, [(0, new) for new in new_tokens], generator)
-    assert fresh_prefill.applies(batch.prefill_query_starts, batch.prefill_seq_lens, None)
-    assert fresh_prefill.applies(batch.prefill_query_starts, batch.prefill_seq_lens, max(new_tokens))
-    assert not fresh_prefill.applies(batch.prefill_query_starts, batch.prefill_seq_lens, max(new_tokens) - 1)
+    batch = mixed_batch(decode_lens, prefills, generator)
+    fresh = [cached == 0 for cached, _ in prefills]
+    longest = max(new for _, new in prefills)
+    assert fresh_prefill.fresh_sequences(batch.prefill_query_starts, batch.prefill_seq_lens, None) == fresh
+    assert fresh_prefill.fresh_sequences(batch.prefill_query_starts, batch.prefill_seq_lens, longest) == fresh
+    shorter = [cached == 0 and new < longest for cached, new in prefills]
+    assert fresh_prefill.fresh_sequences(batch.prefill_query_starts, batch.prefill_seq_lens, longest - 1) == shorter
     num_tokens = len(batch.slot_mapping)
     q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(compute_dtype)
     k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator).to(compute_dtype) for _ in range(2))
@@ -115,11 +119,6 @@ def test_prompts_without_cached_context_attend_over_their_own_keys_as_the_oracle
     expected = run(TorchAttention(DEVICE)).float()
     out = run(backends()[0]).float()
     assert float((out - expected).abs().max()) < (1e-4 if compute_dtype == torch.float32 else 2e-2)
-
-
-def test_a_prefill_over_cached_context_is_not_fresh():
-    batch = mixed_batch([], [(0, 7), (16, 12)], torch.Generator().manual_seed(0))
-    assert not fresh_prefill.applies(batch.prefill_query_starts, batch.prefill_seq_lens, None)
 
 
 def test_metadata_carries_the_host_sizes_the_kernels_would_otherwise_sync_for():
