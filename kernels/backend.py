@@ -228,14 +228,16 @@ class CpuAttention(AttentionBackend):
         """The paged kernel over the chosen sequences alone, into their rows of ``out``."""
         starts = meta.prefill_query_starts
         picked = [i for i, taken in enumerate(chosen) if taken]
-        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in picked])
+        device = q.device
+        rows = torch.cat([torch.arange(starts[i], starts[i + 1], device=device) for i in picked])
         cu_seqlens = [0]
         for i in picked:
             cu_seqlens.append(cu_seqlens[-1] + starts[i + 1] - starts[i])
-        index = torch.tensor(picked)
+        index = torch.tensor(picked, device=device)
+        cu_seqlens_q = torch.tensor(cu_seqlens, dtype=torch.int32, device=device)
         out[rows] = self.compiled.paged_prefill_attention(
-            q[rows], k_cache, v_cache, meta.prefill_block_tables[index], torch.tensor(cu_seqlens, dtype=torch.int32),
-            meta.prefill_seq_lens[index], scale, window or 0,
+            q[rows], k_cache, v_cache, meta.prefill_block_tables[index], cu_seqlens_q, meta.prefill_seq_lens[index],
+            scale, window or 0,
         )
 
 

@@ -13,6 +13,7 @@ top-p masks) on the meta logits and returns a fixed token.
 import pytest
 import torch
 
+from kernels import reference
 from server.config import EngineConfig, SpeculativeConfig
 from server.engine import sampler as sampling
 from server.engine.builder import build_engine
@@ -54,7 +55,7 @@ def meta_engine(tiny_folder) -> LLMEngine:
         model=str(tiny_folder), device="meta", dtype="float32", max_num_batched_tokens=16,
         speculative_config=SpeculativeConfig(num_speculative_tokens=2),
     ))
-    engine.runner.sampler = ShapeOnlySampler()
+    engine.runner.sampler = ShapeOnlySampler(reference.greedy_tokens)
     return engine
 
 
@@ -102,5 +103,5 @@ def test_the_seeded_generator_is_made_on_the_logits_device():
     """On meta no generator can be made at all: the attempt shows the device it was asked for."""
     params = SamplingParams(temperature=1.0, seed=3)
     with pytest.raises(RuntimeError, match="META"):
-        Sampler()._generator(params, "r", torch.device("meta"))
-    assert Sampler()._generator(params, "r", torch.device("cpu")).device.type == "cpu"
+        Sampler(reference.greedy_tokens)._generator(params, "r", torch.device("meta"))
+    assert Sampler(reference.greedy_tokens)._generator(params, "r", torch.device("cpu")).device.type == "cpu"
