@@ -80,6 +80,15 @@ inline void prefetch_rows(const bf16* cache, const int64_t* rows, int n, int64_t
   }
 }
 
+// The block holding a sequence's token `token` (block_stride elements, every KV head), fetched into L2 well ahead of
+// its first read.
+inline void prefetch_block(const bf16* cache, const int32_t* table, int64_t token, int64_t block_size,
+                           int64_t block_stride) {
+  const char* block = reinterpret_cast<const char*>(cache + table[token / block_size] * block_stride);
+  for (int64_t line = 0; line < block_stride * static_cast<int64_t>(sizeof(bf16)); line += 64)
+    _mm_prefetch(block + line, _MM_HINT_T2);
+}
+
 // out[h][c:c+16*Vectors] = sum over t of weights[h][t] * V[t][c:c+16*Vectors] for `Heads` query heads sharing
 // these values, rounded to bf16 once at the end.
 template <int64_t Heads, int Vectors>

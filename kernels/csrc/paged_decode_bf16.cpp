@@ -37,9 +37,12 @@ at::Tensor paged_decode_bf16(const at::Tensor& q, const at::Tensor& k_cache, con
     std::vector<__m512bh> query;
     std::vector<const bf16*> query_rows(kv_heads_per_task * group), key_rows(kv_heads_per_task * group);
     std::vector<bf16*> out_rows(group);
+    const auto first_token = [&](int64_t seq) {  // the first context token the sequence's query sees
+      return window > 0 ? std::max<int64_t>(0, len_ptr[seq] - window) : 0;
+    };
     for (int64_t task = begin; task < end; ++task) {
       const int64_t seq = task / tasks_per_seq, len = len_ptr[seq];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, span = len - first;
+      const int64_t first = first_token(seq), span = len - first;
       token_rows(table_ptr + seq * tables.size(1), first, len, k_cache.size(1), k_cache.stride(0), k_cache.stride(1),
                  rows);
       const int64_t first_kv = (task % tasks_per_seq) * kv_heads_per_task, heads = kv_heads_per_task * group;
@@ -50,7 +53,16 @@ at::Tensor paged_decode_bf16(const at::Tensor& q, const at::Tensor& k_cache, con
       }
       score_rows(query_rows.data(), key_rows.data(), heads, rows.data(), span, vectors, static_cast<float>(scale),
                  k_ptr + first_kv * k_cache.stride(2), row_bytes, query, scores.data());
+      // The passes prefetch one chunk ahead of the one they read, so each would start on a chunk still in memory:
+      // the values' first chunk is fetched during the softmax, and the next task's first key block during the value
+      // pass.
+      const int first_chunk = static_cast<int>(std::min<int64_t>(kChunk, span));
+      prefetch_rows(v_ptr + first_kv * k_cache.stride(2), rows.data(), first_chunk, row_bytes);
       for (int64_t h = 0; h < heads; ++h) vigil::softmax(&scores[h * span], span);
+      if (task + 1 < end) {
+        const int64_t next = (task + 1) / tasks_per_seq;
+        prefetch_block(k_ptr, table_ptr + next * tables.size(1), first_token(next), k_cache.size(1), k_cache.stride(0));
+      }
       for (int64_t g = first_kv; g < first_kv + kv_heads_per_task; ++g) {
         for (int64_t h = 0; h < group; ++h)
           out_rows[h] = out_ptr + seq * out.stride(0) + (g * group + h) * out.stride(1);
