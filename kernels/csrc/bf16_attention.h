@@ -74,19 +74,15 @@ inline void key_scores(const bf16* keys, const int64_t* rows, int n, const __m51
 // Blocks lie anywhere in the pool, so no hardware prefetcher finds the next one: while one chunk of tokens is
 // read, the rows of the next are fetched (`bytes` of each, every KV head of the task).
 inline void prefetch_rows(const bf16* cache, const int64_t* rows, int n, int64_t bytes) {
-  for (int i = 0; i < n; ++i) {
-    const char* row = reinterpret_cast<const char*>(cache + rows[i]);
-    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T0);
-  }
+  for (int i = 0; i < n; ++i) prefetch_lines(cache + rows[i], bytes);
 }
 
 // The block holding a sequence's token `token` (block_stride elements, every KV head), fetched into L2 well ahead of
 // its first read.
 inline void prefetch_block(const bf16* cache, const int32_t* table, int64_t token, int64_t block_size,
                            int64_t block_stride) {
-  const char* block = reinterpret_cast<const char*>(cache + table[token / block_size] * block_stride);
-  for (int64_t line = 0; line < block_stride * static_cast<int64_t>(sizeof(bf16)); line += 64)
-    _mm_prefetch(block + line, _MM_HINT_T2);
+  prefetch_lines<_MM_HINT_T2>(cache + table[token / block_size] * block_stride,
+                              block_stride * static_cast<int64_t>(sizeof(bf16)));
 }
 
 // out[h][c:c+16*Vectors] = sum over t of weights[h][t] * V[t][c:c+16*Vectors] for `Heads` query heads sharing

@@ -1,6 +1,6 @@
 // Eight cache values widened to fp32 in one AVX2 register, whatever the cache's dtype: fp32 as is, fp16 through
-// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane; the sum of a register's lanes; and the
-// prefetch of weight rows ahead of the one being read.
+// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane; the sum of a register's lanes; and
+// prefetches: of a run of cache lines, and of weight rows ahead of the one being read.
 // VIGIL_AVX2 and VIGIL_AVX512_BF16 name the instruction sets this build (-march=native) may use; with the latter,
 // 16 bf16 lanes at a time to and from fp32.
 #pragma once
@@ -30,11 +30,17 @@ inline __m256 load8(const at::BFloat16* p) {
 // ahead, 16-18 GB/s.
 constexpr int64_t kPrefetchBytes = 4096;
 
+// Prefetches the cache lines of `bytes` from `from`, into the level `Hint` names.
+template <int Hint = _MM_HINT_T0>
+inline void prefetch_lines(const void* from, int64_t bytes) {
+  const char* start = static_cast<const char*>(from);
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(start + line, static_cast<_mm_hint>(Hint));
+}
+
 // Prefetches `bytes` from kPrefetchBytes past `row`, stopping at `end` (the end of what this thread reads).
 inline void prefetch_ahead(const void* row, int64_t bytes, const void* end) {
   const char* from = static_cast<const char*>(row) + kPrefetchBytes;
-  const char* stop = std::min(from + bytes, static_cast<const char*>(end));
-  for (const char* line = from; line < stop; line += 64) _mm_prefetch(line, _MM_HINT_T0);
+  prefetch_lines(from, std::min<int64_t>(bytes, static_cast<const char*>(end) - from));
 }
 
 inline float horizontal_sum(__m256 v) {
