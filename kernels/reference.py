@@ -1,8 +1,8 @@
 """Torch implementations of the paged kernels and of a layer's elementwise ops: the oracle of the Triton and
 C++ kernels, and the path wherever those are not available.
 
-KV cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``, in the queries' dtype or another (the
-cache is widened or narrowed to the queries' as it is read). Block tables are int32 rows of block
+KV cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``, in the queries' dtype or another, fp8
+included (the cache is widened or narrowed to the queries' as it is read). Block tables are int32 rows of block
 ids, padded with any valid block id; ``seq_lens`` counts every context token, the new ones included.
 
 ``window`` (sliding-window attention, as Mistral and Gemma 3 have it): the query at position ``p`` sees the keys at
@@ -102,6 +102,9 @@ def paged_prefill_attention(
     return out
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -121,8 +124,10 @@ def store_kv(
     writes_zero = valid & (slots == 0)
     first_zero_writer = writes_zero.int().argmax(dim=0, keepdim=True)
     for new, cache in ((k, k_cache), (v, v_cache)):
-        flat = cache.view(-1, *cache.shape[2:])
-        new = new.to(cache.dtype)
+        # As bits: index_copy_ has no fp8 kernels.
+        bits = _BITS[cache.element_size()]
+        flat = cache.view(-1, *cache.shape[2:]).view(bits)
+        new = new.to(cache.dtype).view(bits)
         slot_zero = torch.where(writes_zero.any(), new[first_zero_writer][0], flat[0])
         flat.index_copy_(0, destinations, torch.where(valid[:, None, None], new, slot_zero))
 

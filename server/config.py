@@ -20,6 +20,8 @@ def parse_bytes(text: str | int) -> int:
 
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+# vLLM's names: fp8 is fp8_e4m3 (finer steps); fp8_e5m2 has a wider range. Neither takes scales.
+KV_CACHE_DTYPE_CHOICES = (*DTYPE_CHOICES, "fp8", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("int8", "int4")
 
 
@@ -89,9 +91,12 @@ class EngineConfig:
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("dtype", "weight_dtype", "kv_cache_dtype"):
+        for name in ("dtype", "weight_dtype"):
             if getattr(self, name) not in DTYPE_CHOICES:
                 raise ValueError(f"{name} must be auto, float32, bfloat16 or float16, not {getattr(self, name)!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_CHOICES)}, "
+                             f"not {self.kv_cache_dtype!r}")
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {self.quantization!r}")
         if self.block_size not in (8, 16, 32):

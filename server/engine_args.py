@@ -3,7 +3,14 @@
 import argparse
 import dataclasses
 
-from server.config import DTYPE_CHOICES, QUANTIZATIONS, EngineConfig, SpeculativeConfig, parse_bytes
+from server.config import (
+    DTYPE_CHOICES,
+    KV_CACHE_DTYPE_CHOICES,
+    QUANTIZATIONS,
+    EngineConfig,
+    SpeculativeConfig,
+    parse_bytes,
+)
 
 
 def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = False) -> None:
@@ -22,10 +29,12 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
                        choices=DTYPE_CHOICES,
                        help="dtype the weight matrices are stored in; auto: float16 under float32 compute on the "
                             "CPU (fbgemm widens them to fp32, so products and sums stay fp32), else --dtype")
-    group.add_argument("--kv-cache-dtype", default=defaults.kv_cache_dtype, choices=DTYPE_CHOICES,
+    group.add_argument("--kv-cache-dtype", default=defaults.kv_cache_dtype, choices=KV_CACHE_DTYPE_CHOICES,
                        help="dtype of the paged KV cache; auto: float16 under float32 compute on the CPU (twice "
                             "the tokens in the same memory, half the bytes decode attention reads; K and V are "
-                            "rounded to fp16, as llama.cpp does by default), else --dtype")
+                            "rounded to fp16, as llama.cpp does by default), else --dtype. fp8 (= fp8_e4m3) and "
+                            "fp8_e5m2 hold one byte a value, unscaled: twice the tokens again, at some accuracy; "
+                            "CPU kernels only")
     group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda[:N]")
     group.add_argument("--tensor-parallel-size", "-tp", type=int, default=defaults.tensor_parallel_size,
                        help="split the model's heads, MLP and vocabulary over this many processes (one per GPU on "

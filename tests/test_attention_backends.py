@@ -88,6 +88,7 @@ def test_every_backend_stores_and_attends_as_the_oracle(decode_lens, prefills, w
     prefills=st.lists(st.tuples(st.sampled_from([0, 0, 16, 20]), st.sampled_from([5, 16, 33])), min_size=1, max_size=5),
     dtypes=st.sampled_from([
         (torch.float32, torch.float32), (torch.float32, torch.float16), (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float8_e4m3fn), (torch.float32, torch.float8_e5m2),
     ]),
     seed=st.integers(0, 2**16),
 )

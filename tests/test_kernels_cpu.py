@@ -33,8 +33,11 @@ def random_paged_cache(
     return k_cache, v_cache, tables
 
 
-# Queries and caches of every dtype, in any pairing: an fp32 model may keep its KV cache in fp16 or bf16.
+# Queries and caches of every dtype, in any pairing: an fp32 model may keep its KV cache in fp16 or bf16, and any
+# model in fp8 (--kv-cache-dtype fp8, fp8_e5m2).
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+CACHE_DTYPES = DTYPES + FP8
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -80,7 +83,7 @@ def test_a_window_changes_what_the_oracle_attends_to():
     group=st.sampled_from([1, 3, 4]),
     lengths=st.lists(st.integers(1, 100), min_size=1, max_size=5),
     dtype=st.sampled_from(DTYPES),
-    cache_dtype=st.sampled_from(DTYPES),
+    cache_dtype=st.sampled_from(CACHE_DTYPES),
     window=WINDOWS,
     seed=st.integers(0, 2**16),
 )
@@ -103,15 +106,18 @@ def test_decode_matches_the_reference(
     kv_heads=st.sampled_from([1, 3]),
     group=st.sampled_from([1, 3, 4, 5]),
     lengths=st.lists(st.integers(1, 90), min_size=1, max_size=12),
+    cache_dtype=st.sampled_from([torch.bfloat16, *FP8]),
     window=WINDOWS,
     seed=st.integers(0, 2**16),
 )
-def test_bf16_decode_matches_the_reference(compiled, block_size, head_dim, kv_heads, group, lengths, window, seed):
-    """bf16 queries over a bf16 cache: on CPUs with AVX512-BF16 their own kernel (bf16 dot products, 16 tokens'
-    scores per tree of additions, up to four heads' values per pass), with enough sequences for whole-sequence
-    tasks and head sizes up to gemma's 256."""
+def test_bf16_decode_matches_the_reference(
+    compiled, block_size, head_dim, kv_heads, group, lengths, cache_dtype, window, seed
+):
+    """bf16 queries over a bf16 or fp8 cache: on CPUs with AVX512-BF16 their own kernel (bf16 dot products, 16
+    tokens' scores per tree of additions, up to four heads' values per pass), with enough sequences for
+    whole-sequence tasks and head sizes up to gemma's 256."""
     generator = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, torch.bfloat16)
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, cache_dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=generator).bfloat16()
     assert_both_paths_match_the_oracle(
@@ -128,7 +134,7 @@ def test_bf16_decode_matches_the_reference(compiled, block_size, head_dim, kv_he
     # (cached prefix, new tokens) per sequence; more than 32 new tokens spans several query tiles
     sequences=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 75)), min_size=1, max_size=4),
     dtype=st.sampled_from(DTYPES),
-    cache_dtype=st.sampled_from(DTYPES),
+    cache_dtype=st.sampled_from(CACHE_DTYPES),
     window=WINDOWS,
     seed=st.integers(0, 2**16),
 )
@@ -157,15 +163,18 @@ def test_prefill_matches_the_reference(
     kv_heads=st.sampled_from([1, 3]),
     group=st.sampled_from([1, 3, 5]),
     sequences=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 75)), min_size=1, max_size=4),
+    cache_dtype=st.sampled_from([torch.bfloat16, *FP8]),
     window=WINDOWS,
     seed=st.integers(0, 2**16),
 )
-def test_bf16_prefill_matches_the_reference(compiled, block_size, head_dim, kv_heads, group, sequences, window, seed):
-    """bf16 queries over a bf16 cache: on CPUs with AVX512-BF16 their own kernel (the decode kernel's bf16 dot
-    products and value sums, rows masked causally and to the window), up to gemma's head size of 256."""
+def test_bf16_prefill_matches_the_reference(
+    compiled, block_size, head_dim, kv_heads, group, sequences, cache_dtype, window, seed
+):
+    """bf16 queries over a bf16 or fp8 cache: on CPUs with AVX512-BF16 their own kernel (the decode kernel's bf16
+    dot products and value sums, rows masked causally and to the window), up to gemma's head size of 256."""
     generator = torch.Generator().manual_seed(seed)
     lengths = [cached + new for cached, new in sequences]
-    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, torch.bfloat16)
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, cache_dtype)
     cu_seqlens = torch.tensor([0] + [new for _, new in sequences], dtype=torch.int32).cumsum(0).to(torch.int32)
     num_heads = kv_heads * group
     fused = torch.randn(int(cu_seqlens[-1]), (num_heads + 2) * head_dim, generator=generator).bfloat16()
@@ -176,28 +185,55 @@ def test_bf16_prefill_matches_the_reference(compiled, block_size, head_dim, kv_h
     )
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     tokens=st.integers(1, 40),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    cache_dtype=st.sampled_from([None, *FP8]),
     seed=st.integers(0, 2**16),
 )
-def test_store_kv_matches_the_reference(compiled, tokens, dtype, seed):
+def test_store_kv_matches_the_reference(compiled, tokens, dtype, cache_dtype, seed):
+    """Into a cache of the rows' dtype, or an fp8 one, with values past fp8's range (e4m3 saturates)."""
     generator = torch.Generator().manual_seed(seed)
     kv_heads, head_dim = 3, 64
     shape = (12, 8, kv_heads, head_dim)
-    fused = torch.randn(tokens, 3 * kv_heads * head_dim, generator=generator).to(dtype)
+    fused = (torch.randn(tokens, 3 * kv_heads * head_dim, generator=generator) * 200).to(dtype)
     k = fused[:, : kv_heads * head_dim].view(tokens, kv_heads, head_dim)
     v = fused[:, 2 * kv_heads * head_dim :].view(tokens, kv_heads, head_dim)
     slots = torch.randperm(shape[0] * shape[1], generator=generator)[:tokens]
     slots[torch.rand(tokens, generator=generator) < 0.2] = -1  # tokens whose K/V are already cached
-    caches = [torch.randn(shape, generator=generator).to(dtype) for _ in range(2)]
+    caches = [torch.randn(shape, generator=generator).to(cache_dtype or dtype) for _ in range(2)]
     expected = [cache.clone() for cache in caches]
     reference.store_kv(k, v, *expected, slots)
     compiled.store_kv(k, v, *caches, slots)
-    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
+    assert torch.equal(bits(caches[0]), bits(expected[0])) and torch.equal(bits(caches[1]), bits(expected[1]))
+    written = slots[slots >= 0]
+    assert torch.equal(bits(expected[0].view(-1, kv_heads, head_dim)[written]),
+                       bits(k[slots >= 0].to(caches[0].dtype)))
     with pytest.raises(RuntimeError, match="outside the cache"):
         compiled.store_kv(k, v, *caches, torch.full((tokens,), shape[0] * shape[1]))
+
+
+@pytest.mark.parametrize("cache_dtype", FP8)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_fp8_value_is_read_exactly(compiled, cache_dtype, dtype):
+    """Each finite fp8 value, subnormals and both zeros included, as the value row of a one-token context: the
+    output is that row, exactly, in either kernel (bf16 queries, or fp32 through the AVX2 path)."""
+    values = torch.arange(256, dtype=torch.uint8).view(cache_dtype)
+    values = values[torch.isfinite(values.float())]
+    head_dim = 64
+    rows = torch.cat([values, values[: -values.numel() % head_dim]]).view(-1, head_dim)
+    v_cache = torch.zeros(len(rows), 8, 1, head_dim, dtype=cache_dtype)
+    v_cache[:, 0, 0] = rows
+    tables = torch.arange(len(rows), dtype=torch.int32)[:, None]
+    q = torch.randn(len(rows), 1, head_dim).to(dtype)
+    out = compiled.paged_decode_attention(q, torch.zeros_like(v_cache), v_cache, tables,
+                                          torch.ones(len(rows), dtype=torch.int32), 1.0, 0)
+    assert torch.equal(out[:, 0].float(), rows.float())
 
 
 def test_cpu_tensors_take_the_compiled_kernel_by_default(compiled, monkeypatch):

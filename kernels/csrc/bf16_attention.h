@@ -1,6 +1,7 @@
 // What the bf16 attention kernels (paged_decode_bf16.cpp, paged_prefill_bf16.cpp) share, on CPUs with
-// AVX512-BF16 (Zen 4, Xeons since Cooper Lake). Nothing is widened to fp32 before the dot products: vdpbf16ps
-// multiplies bf16 pairs exactly and sums in fp32. Scores of 16 tokens are kept as 16 vectors of partial sums and
+// AVX512-BF16 (Zen 4, Xeons since Cooper Lake), over a bf16 or an fp8 cache (Cache, the cache's element type).
+// Keys are not widened to fp32 before the dot products: vdpbf16ps multiplies bf16 pairs exactly and sums in fp32,
+// and fp8 keys become bf16 exactly. Scores of 16 tokens are kept as 16 vectors of partial sums and
 // added across in one tree, instead of one horizontal sum per token and query row. The weighted sum of values
 // widens each value row once and adds it into fp32 accumulators held in registers for up to four query rows,
 // written out in bf16.
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "compile_time_rows.h"
@@ -57,14 +59,14 @@ inline void token_rows(const int32_t* table, int64_t first, int64_t len, int64_t
 }
 
 // scores[0:n] = scale * q . K[rows[0:n]] for one query head and up to 16 tokens; q is `vectors` x 32 bf16.
-template <int64_t Vectors>
-inline void key_scores(const bf16* keys, const int64_t* rows, int n, const __m512bh* q, float scale, float* scores) {
+template <int64_t Vectors, typename Cache>
+inline void key_scores(const Cache* keys, const int64_t* rows, int n, const __m512bh* q, float scale,
+                       float* scores) {
   __m512 partial[kChunk];
   for (int i = 0; i < kChunk; ++i) {
-    const bf16* row = keys + rows[std::min(i, n - 1)];
+    const Cache* row = keys + rows[std::min(i, n - 1)];
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t j = 0; j < Vectors; ++j)
-      acc = _mm512_dpbf16_ps(acc, q[j], reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + 32 * j)));
+    for (int64_t j = 0; j < Vectors; ++j) acc = _mm512_dpbf16_ps(acc, q[j], load32_bf16(row + 32 * j));
     partial[i] = acc;
   }
   const __m512 sums = _mm512_mul_ps(lane_sums(partial), _mm512_set1_ps(scale));
@@ -73,45 +75,49 @@ inline void key_scores(const bf16* keys, const int64_t* rows, int n, const __m51
 
 // Blocks lie anywhere in the pool, so no hardware prefetcher finds the next one: while one chunk of tokens is
 // read, the rows of the next are fetched (`bytes` of each, every KV head of the task).
-inline void prefetch_rows(const bf16* cache, const int64_t* rows, int n, int64_t bytes) {
+template <typename Cache>
+inline void prefetch_rows(const Cache* cache, const int64_t* rows, int n, int64_t bytes) {
   for (int i = 0; i < n; ++i) prefetch_lines(cache + rows[i], bytes);
 }
 
 // The block holding a sequence's token `token` (block_stride elements, every KV head), fetched into L2 well ahead of
 // its first read.
-inline void prefetch_block(const bf16* cache, const int32_t* table, int64_t token, int64_t block_size,
+template <typename Cache>
+inline void prefetch_block(const Cache* cache, const int32_t* table, int64_t token, int64_t block_size,
                            int64_t block_stride) {
   prefetch_lines<_MM_HINT_T2>(cache + table[token / block_size] * block_stride,
-                              block_stride * static_cast<int64_t>(sizeof(bf16)));
+                              block_stride * static_cast<int64_t>(sizeof(Cache)));
 }
 
 // out[h][c:c+16*Vectors] = sum over t of weights[h][t] * V[t][c:c+16*Vectors] for `Heads` query heads sharing
 // these values, rounded to bf16 once at the end.
-template <int64_t Heads, int Vectors>
-void weighted_values(const bf16* values, const int64_t* rows, int64_t span, const float* weights, int64_t column,
+template <int64_t Heads, int Vectors, typename Cache>
+void weighted_values(const Cache* values, const int64_t* rows, int64_t span, const float* weights, int64_t column,
                      bf16* const* out) {
   __m512 acc[Heads][Vectors];
   for (auto& head : acc)
     for (auto& lanes : head) lanes = _mm512_setzero_ps();
   for (int64_t t = 0; t < span; ++t) {
-    const bf16* row = values + rows[t] + column;
+    const Cache* row = values + rows[t] + column;
     if (t + kChunk < span)
       for (int k = 0; k < Vectors; k += 2)
         _mm_prefetch(reinterpret_cast<const char*>(values + rows[t + kChunk] + column + 16 * k), _MM_HINT_T0);
     __m512 v[Vectors];
-    for (int k = 0; k < Vectors; ++k) v[k] = load16(row + 16 * k);
+    for (int k = 0; k < Vectors; ++k) v[k] = load16_unscaled(row + 16 * k);
     for (int64_t h = 0; h < Heads; ++h) {
       const __m512 w = _mm512_set1_ps(weights[h * span + t]);
       for (int k = 0; k < Vectors; ++k) acc[h][k] = _mm512_fmadd_ps(w, v[k], acc[h][k]);
     }
   }
+  const __m512 factor = _mm512_set1_ps(unscaled_factor<Cache>);
   for (int64_t h = 0; h < Heads; ++h)
-    for (int k = 0; k < Vectors; ++k) store16(out[h] + column + 16 * k, acc[h][k]);
+    for (int k = 0; k < Vectors; ++k) store16(out[h] + column + 16 * k, _mm512_mul_ps(acc[h][k], factor));
 }
 
 // The value pass of query rows that share their values (a KV head's query heads, with each row's weights over the
 // span), in runs of up to four rows and 64 (else 32) columns.
-inline void weighted_values(const bf16* values, const int64_t* rows, int64_t span, const float* weights,
+template <typename Cache>
+inline void weighted_values(const Cache* values, const int64_t* rows, int64_t span, const float* weights,
                             int64_t heads, int64_t dim, bf16* const* out) {
   for (int64_t h = 0; h < heads; h += 4) {
     for (int64_t column = 0; column < dim;) {
@@ -128,31 +134,69 @@ inline void weighted_values(const bf16* values, const int64_t* rows, int64_t spa
   }
 }
 
-template <int64_t Vectors>
-void score_rows(const bf16* const* queries, const bf16* const* keys, int64_t count, const int64_t* rows, int64_t span,
-                float scale, const bf16* prefetched, int64_t row_bytes, std::vector<__m512bh>& query, float* scores) {
+// A thread's working memory for score_rows: the queries as bf16 pairs, and a chunk of fp8 keys widened to bf16.
+struct ScoreScratch {
+  std::vector<__m512bh> query;
+  std::vector<bf16> keys;
+};
+
+// to[0:n] = from[0:n] in bf16, n a multiple of 32.
+template <typename Cache>
+inline void widen_to_bf16(const Cache* from, int64_t n, bf16* to) {
+  for (int64_t i = 0; i < n; i += 32) _mm512_storeu_si512(to + i, reinterpret_cast<__m512i>(load32_bf16(from + i)));
+}
+
+// The value rows rows[0:span] of an fp8 cache (dim each), widened to bf16 into `to` at rows t * dim, for kernels
+// that read each value row many times.
+template <typename Cache>
+inline void widen_values(const Cache* values, const int64_t* rows, int64_t span, int64_t dim, std::vector<bf16>& to) {
+  to.resize(span * dim);
+  for (int64_t t = 0; t < span; ++t) widen_to_bf16(values + rows[t], dim, to.data() + t * dim);
+}
+
+template <int64_t Vectors, typename Cache>
+void score_rows(const bf16* const* queries, const Cache* const* keys, int64_t count, const int64_t* rows,
+                int64_t span, float scale, const Cache* prefetched, int64_t row_bytes, ScoreScratch& scratch,
+                float* scores) {
+  std::vector<__m512bh>& query = scratch.query;
   query.resize(count * Vectors);
   for (int64_t r = 0; r < count; ++r)
     for (int64_t j = 0; j < Vectors; ++j)
       query[r * Vectors + j] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(queries[r] + 32 * j));
+  // Each key row is read by every query row that shares it: an fp8 chunk is widened once, into chunk rows of
+  // `run` elements (all of row_bytes), and the rows read it there.
+  const int64_t run = row_bytes / static_cast<int64_t>(sizeof(Cache));
+  int64_t chunk_rows[kChunk];
+  if constexpr (!std::is_same_v<Cache, bf16>) {
+    scratch.keys.resize(kChunk * run);
+    for (int i = 0; i < kChunk; ++i) chunk_rows[i] = i * run;
+  }
   for (int64_t start = 0; start < span; start += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, span - start));
     if (start + kChunk < span)
       prefetch_rows(prefetched, rows + start + kChunk, static_cast<int>(std::min<int64_t>(kChunk, span - start - kChunk)),
                     row_bytes);
-    for (int64_t r = 0; r < count; ++r)
-      key_scores<Vectors>(keys[r], rows + start, n, &query[r * Vectors], scale, scores + r * span + start);
+    if constexpr (std::is_same_v<Cache, bf16>) {
+      for (int64_t r = 0; r < count; ++r)
+        key_scores<Vectors>(keys[r], rows + start, n, &query[r * Vectors], scale, scores + r * span + start);
+    } else {
+      for (int i = 0; i < n; ++i) widen_to_bf16(prefetched + rows[start + i], run, &scratch.keys[i * run]);
+      for (int64_t r = 0; r < count; ++r)
+        key_scores<Vectors>(scratch.keys.data() + (keys[r] - prefetched), chunk_rows, n, &query[r * Vectors], scale,
+                            scores + r * span + start);
+    }
   }
 }
 
 // scores[r * span + t] = scale * q_r . K_r[rows[t]] for `count` query rows, q_r at queries[r] (`vectors` x 32 bf16)
 // against the keys at keys[r], over the span's tokens, 16 at a time; the next 16 tokens' rows (`row_bytes` of each
-// from prefetched) are fetched meanwhile.
-inline void score_rows(const bf16* const* queries, const bf16* const* keys, int64_t count, const int64_t* rows,
-                       int64_t span, int64_t vectors, float scale, const bf16* prefetched, int64_t row_bytes,
-                       std::vector<__m512bh>& query, float* scores) {
+// from prefetched, which holds every keys[r]) are fetched meanwhile. row_bytes is a multiple of 32 elements.
+template <typename Cache>
+inline void score_rows(const bf16* const* queries, const Cache* const* keys, int64_t count, const int64_t* rows,
+                       int64_t span, int64_t vectors, float scale, const Cache* prefetched, int64_t row_bytes,
+                       ScoreScratch& scratch, float* scores) {
   with_rows<kMaxVectors>(vectors, [&](auto vectors_c) {
-    score_rows<decltype(vectors_c)::value>(queries, keys, count, rows, span, scale, prefetched, row_bytes, query,
+    score_rows<decltype(vectors_c)::value>(queries, keys, count, rows, span, scale, prefetched, row_bytes, scratch,
                                            scores);
   });
 }

@@ -45,7 +45,7 @@ inline std::vector<PrefillTask> prefill_tasks(const std::vector<int64_t>& cu_seq
   return tasks;
 }
 
-// Calls kernel(cache_type, queries, out) with a value of the cache's C++ type (fp32, fp16 or bf16) and fp32
+// Calls kernel(cache_type, queries, out) with a value of the cache's C++ type (fp32, fp16, bf16 or fp8) and fp32
 // queries and output, and returns the output in q's dtype. Queries and outputs are few, so they go through fp32
 // whatever their dtype, and only the cache's dtype varies.
 template <typename Kernel>
@@ -62,8 +62,14 @@ at::Tensor attend_in_fp32(const at::Tensor& q, at::ScalarType cache_type, Kernel
     case at::kBFloat16:
       kernel(at::BFloat16{}, queries, out);
       break;
+    case at::kFloat8_e4m3fn:
+      kernel(at::Float8_e4m3fn{}, queries, out);
+      break;
+    case at::kFloat8_e5m2:
+      kernel(at::Float8_e5m2{}, queries, out);
+      break;
     default:
-      TORCH_CHECK(false, "a KV cache is float32, float16 or bfloat16, not ", cache_type);
+      TORCH_CHECK(false, "a KV cache is float32, float16, bfloat16, float8_e4m3fn or float8_e5m2, not ", cache_type);
   }
   return out.to(q.scalar_type());
 }

@@ -6,7 +6,7 @@
 // every block size, so a chunk never spans blocks). Each chunk is widened to fp32 once from the cache's dtype,
 // K transposed, and every row of the tile uses it: scores are a [rows x dim] . [dim x 8] product and the
 // weighted values a [rows x 8] . [8 x dim] one, both register-blocked. Softmax runs on whole rows between the
-// two passes. bf16 queries over a bf16 cache take paged_prefill_bf16.cpp instead where the CPU has AVX512-BF16.
+// two passes. bf16 queries over a bf16 or fp8 cache take paged_prefill_bf16.cpp instead where the CPU has AVX512-BF16.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 

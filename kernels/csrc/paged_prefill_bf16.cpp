@@ -1,4 +1,4 @@
-// Paged prefill attention with bf16 queries over a bf16 cache, on CPUs with AVX512-BF16 (bf16_attention.h). A task
+// Paged prefill attention with bf16 queries over a bf16 or fp8 cache, on CPUs with AVX512-BF16 (bf16_attention.h). A task
 // is a tile of up to 32 new tokens of one sequence and one KV head, with every query head that shares it; its rows
 // are (token, query head) pairs. Each row is scored against every key up to the tile's last token, the softmax
 // keeps only the keys it may see (its own position and before, within the window), and the values are summed
@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "bf16_attention.h"
@@ -19,15 +20,17 @@ namespace vigil {
 
 using namespace bf16_attention;
 
-at::Tensor paged_prefill_bf16(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                              const at::Tensor& tables, const std::vector<int64_t>& cu_seqlens,
-                              const std::vector<int64_t>& seq_lens, double scale, int64_t window) {
+namespace {
+
+template <typename Cache>
+void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
+             const std::vector<int64_t>& cu_seqlens, const std::vector<int64_t>& seq_lens, double scale,
+             int64_t window, at::Tensor& out) {
   const int64_t num_heads = q.size(1), dim = q.size(2), num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads, vectors = dim / 32, head_stride = k_cache.stride(2);
-  auto out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   const bf16* q_ptr = q.data_ptr<bf16>();
-  const bf16* k_ptr = k_cache.data_ptr<bf16>();
-  const bf16* v_ptr = v_cache.data_ptr<bf16>();
+  const Cache* k_ptr = k_cache.data_ptr<Cache>();
+  const Cache* v_ptr = v_cache.data_ptr<Cache>();
   const int32_t* table_ptr = tables.data_ptr<int32_t>();
   bf16* out_ptr = out.data_ptr<bf16>();
 
@@ -36,8 +39,10 @@ at::Tensor paged_prefill_bf16(const at::Tensor& q, const at::Tensor& k_cache, co
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<int64_t> rows;
-    std::vector<__m512bh> query;
-    std::vector<const bf16*> query_rows, key_rows;
+    ScoreScratch scratch;
+    std::vector<bf16> widened_values;
+    std::vector<const bf16*> query_rows;
+    std::vector<const Cache*> key_rows;
     std::vector<bf16*> out_rows;
     for (int64_t index = begin; index < end; ++index) {
       const PrefillTask& task = tasks[index];
@@ -49,7 +54,7 @@ at::Tensor paged_prefill_bf16(const at::Tensor& q, const at::Tensor& k_cache, co
       const int64_t first = window > 0 ? std::max<int64_t>(0, first_position - window + 1) : 0, span = last - first;
       token_rows(table_ptr + task.seq * tables.size(1), first, last, k_cache.size(1), k_cache.stride(0),
                  k_cache.stride(1), rows);
-      const bf16* keys = k_ptr + task.kv_head * head_stride;
+      const Cache* keys = k_ptr + task.kv_head * head_stride;
       query_rows.resize(count);
       out_rows.resize(count);
       key_rows.assign(count, keys);
@@ -62,7 +67,7 @@ at::Tensor paged_prefill_bf16(const at::Tensor& q, const at::Tensor& k_cache, co
       }
       scores.resize(count * span);
       score_rows(query_rows.data(), key_rows.data(), count, rows.data(), span, vectors, static_cast<float>(scale),
-                 keys, dim * static_cast<int64_t>(sizeof(bf16)), query, scores.data());
+                 keys, dim * static_cast<int64_t>(sizeof(Cache)), scratch, scores.data());
       for (int64_t r = 0; r < count; ++r) {
         float* row = scores.data() + r * span;
         const int64_t seen = first_position + r / group + 1 - first;  // keys up to the row's own position
@@ -71,9 +76,26 @@ at::Tensor paged_prefill_bf16(const at::Tensor& q, const at::Tensor& k_cache, co
         vigil::softmax(row + from, seen - from);
         std::fill(row + seen, row + span, 0.f);
       }
-      weighted_values(v_ptr + task.kv_head * head_stride, rows.data(), span, scores.data(), count, dim,
-                      out_rows.data());
+      const Cache* values = v_ptr + task.kv_head * head_stride;
+      if constexpr (std::is_same_v<Cache, bf16>) {
+        weighted_values(values, rows.data(), span, scores.data(), count, dim, out_rows.data());
+      } else {  // the rows read each value row count / 4 times
+        widen_values(values, rows.data(), span, dim, widened_values);
+        for (int64_t t = 0; t < span; ++t) rows[t] = t * dim;
+        weighted_values(widened_values.data(), rows.data(), span, scores.data(), count, dim, out_rows.data());
+      }
     }
+  });
+}
+
+}  // namespace
+
+at::Tensor paged_prefill_bf16(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& tables, const std::vector<int64_t>& cu_seqlens,
+                              const std::vector<int64_t>& seq_lens, double scale, int64_t window) {
+  auto out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  with_bf16_kernel_cache(k_cache.scalar_type(), [&](auto cache_type) {
+    prefill<decltype(cache_type)>(q, k_cache, v_cache, tables, cu_seqlens, seq_lens, scale, window, out);
   });
   return out;
 }

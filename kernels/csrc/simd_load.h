@@ -1,5 +1,5 @@
 // Eight cache values widened to fp32 in one AVX2 register, whatever the cache's dtype: fp32 as is, fp16 through
-// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane; the sum of a register's lanes; and
+// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane, fp8 through fp16; the sum of a register's lanes; and
 // prefetches: of a run of cache lines, and of weight rows ahead of the one being read.
 // VIGIL_AVX2 and VIGIL_AVX512_BF16 name the instruction sets this build (-march=native) may use; with the latter,
 // 16 bf16 lanes at a time to and from fp32.
@@ -23,6 +23,28 @@ inline __m256 load8(const at::Half* p) {
 inline __m256 load8(const at::BFloat16* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// fp8 caches go through fp16, exactly: an e5m2 byte is the top byte of an fp16. An e4m3fn byte sign-extended to 16
+// bits and shifted left by 7 holds its sign in bit 15, a copy in bit 14 (cleared), and its exponent and mantissa in
+// bits 7-13: an fp16 worth the value times 2^-8, subnormals included (kE4m3HalfScale undoes it). e5m2 bytes come
+// zero-extended to 16-bit lanes, e4m3fn bytes sign-extended.
+constexpr float kE4m3HalfScale = 256.f;
+
+inline __m128i half_bits(__m128i bytes, at::Float8_e5m2) { return _mm_slli_epi16(bytes, 8); }
+
+inline __m128i half_bits(__m128i bytes, at::Float8_e4m3fn) {
+  return _mm_and_si128(_mm_slli_epi16(bytes, 7), _mm_set1_epi16(static_cast<int16_t>(0xBF80)));
+}
+
+inline __m256 load8(const at::Float8_e5m2* p) {
+  const __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtph_ps(half_bits(bytes, at::Float8_e5m2{}));
+}
+
+inline __m256 load8(const at::Float8_e4m3fn* p) {
+  const __m128i bytes = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_mul_ps(_mm256_cvtph_ps(half_bits(bytes, at::Float8_e4m3fn{})), _mm256_set1_ps(kE4m3HalfScale));
 }
 
 // Kernels that stream weight rows prefetch the bytes this far ahead of the row they read: the hardware
@@ -72,6 +94,47 @@ inline void store16(at::BFloat16* p, __m512 v, __mmask16 lanes = 0xFFFF) {
 
 // v rounded to bf16 and widened again: what a value stored in bf16 and read back holds.
 inline __m512 round_to_bf16(__m512 v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
+
+inline __m256i half_bits(__m256i bytes, at::Float8_e5m2) { return _mm256_slli_epi16(bytes, 8); }
+
+inline __m256i half_bits(__m256i bytes, at::Float8_e4m3fn) {
+  return _mm256_and_si256(_mm256_slli_epi16(bytes, 7), _mm256_set1_epi16(static_cast<int16_t>(0xBF80)));
+}
+
+// 16 fp8 values widened to fp32.
+inline __m512 load16(const at::Float8_e5m2* p) {
+  const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtph_ps(half_bits(bytes, at::Float8_e5m2{}));
+}
+
+// 16 cache values widened to fp32 but for a factor, unscaled_factor<T>: a kernel that only adds up multiples of
+// them scales the sums instead, once.
+template <typename T>
+constexpr float unscaled_factor = 1.f;
+template <>
+constexpr float unscaled_factor<at::Float8_e4m3fn> = kE4m3HalfScale;
+
+template <typename T>
+inline __m512 load16_unscaled(const T* p) {
+  return load16(p);
+}
+
+inline __m512 load16_unscaled(const at::Float8_e4m3fn* p) {
+  const __m256i bytes = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtph_ps(half_bits(bytes, at::Float8_e4m3fn{}));
+}
+
+inline __m512 load16(const at::Float8_e4m3fn* p) {
+  return _mm512_mul_ps(load16_unscaled(p), _mm512_set1_ps(kE4m3HalfScale));
+}
+
+// 32 cache values as the bf16 pairs that vdpbf16ps multiplies; fp8 values are exact in bf16.
+inline __m512bh load32_bf16(const at::BFloat16* p) { return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p)); }
+
+template <typename Fp8>
+inline __m512bh load32_bf16(const Fp8* p) {
+  return _mm512_cvtne2ps_pbh(load16(p + 16), load16(p));
+}
 
 }  // namespace vigil
 #endif

@@ -8,11 +8,12 @@
 
 namespace {
 
+// T: an integer of the cache's element size; rows are copied as bits.
 template <typename T>
 void copy_rows(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
   const int64_t tokens = src.size(0), heads = src.size(1), dim = src.size(2);
-  const T* from = src.data_ptr<T>();
-  T* to = cache.data_ptr<T>();
+  const T* from = static_cast<const T*>(src.data_ptr());
+  T* to = static_cast<T*>(cache.data_ptr());
   at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = slots[t];
@@ -42,8 +43,21 @@ void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache
   const int64_t* slot_ptr = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < slots.numel(); ++t)
     TORCH_CHECK(slot_ptr[t] < num_slots, "slot ", slot_ptr[t], " is outside the cache's ", num_slots, " slots");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, k_cache.scalar_type(), "store_kv", [&] {
-    copy_rows<scalar_t>(keys, k_cache, slot_ptr);
-    copy_rows<scalar_t>(values, v_cache, slot_ptr);
-  });
+  const auto copy_both = [&](auto element) {
+    copy_rows<decltype(element)>(keys, k_cache, slot_ptr);
+    copy_rows<decltype(element)>(values, v_cache, slot_ptr);
+  };
+  switch (k_cache.element_size()) {
+    case 1:
+      copy_both(uint8_t{});
+      break;
+    case 2:
+      copy_both(uint16_t{});
+      break;
+    case 4:
+      copy_both(uint32_t{});
+      break;
+    default:
+      TORCH_CHECK(false, "a KV cache's elements are 1, 2 or 4 bytes, not ", k_cache.element_size());
+  }
 }

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.backend import select_attention_backend, select_layer_ops
+from kernels.backend import backend_name, select_attention_backend, select_layer_ops
 from kernels.isa import cpu_flags
 from server.config import EngineConfig
 from server.engine.block_manager import BlockManager
@@ -26,6 +26,8 @@ from server.models.tokenizer import Tokenizer
 logger = logging.getLogger("vigil.engine")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_KV_CACHE_DTYPES = {**_DTYPES, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                    "fp8_e5m2": torch.float8_e5m2}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -61,9 +63,12 @@ def resolve_weight_dtype(name: str, dtype: torch.dtype, device: torch.device) ->
 
 def resolve_kv_cache_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """``auto`` keeps K/V in fp16 where the CPU computes in fp32, as llama.cpp does by default: twice the tokens in
-    the same memory, and half the bytes that memory-bound decode attention reads. Elsewhere, ``dtype``."""
+    the same memory, and half the bytes that memory-bound decode attention reads. Elsewhere, ``dtype``. fp8 caches
+    are the CPU kernels' (and the torch path's) alone."""
+    if name.startswith("fp8") and backend_name(device) == "triton":
+        raise ValueError(f"--kv-cache-dtype {name}: fp8 caches are read by the CPU kernels only, not by Triton")
     if name != "auto":
-        return _DTYPES[name]
+        return _KV_CACHE_DTYPES[name]
     return torch.float16 if device.type == "cpu" and dtype == torch.float32 else dtype
 
 
