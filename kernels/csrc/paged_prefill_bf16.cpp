@@ -1,8 +1,8 @@
-// Paged prefill attention with bf16 queries over a bf16 or fp8 cache, on CPUs with AVX512-BF16 (bf16_attention.h). A task
-// is a tile of up to 32 new tokens of one sequence and one KV head, with every query head that shares it; its rows
-// are (token, query head) pairs. Each row is scored against every key up to the tile's last token, the softmax
-// keeps only the keys it may see (its own position and before, within the window), and the values are summed
-// four rows at a time.
+// Paged prefill attention with bf16 queries over a bf16 or fp8 cache, on CPUs with AVX512-BF16 (bf16_attention.h). A
+// task is a tile of up to 32 new tokens of one sequence and one KV head, with every query head that shares it; its rows
+// are (token, query head) pairs. Each row is scored against every key up to the tile's last token, the softmax keeps
+// only the keys it may see (its own position and before, within the window), and the values are summed four rows at a
+// time.
 #include "paged_attention_bf16.h"
 
 #ifdef VIGIL_AVX512_BF16

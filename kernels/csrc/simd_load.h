@@ -1,6 +1,6 @@
 // Eight cache values widened to fp32 in one AVX2 register, whatever the cache's dtype: fp32 as is, fp16 through
-// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane, fp8 through fp16; the sum of a register's lanes; and
-// prefetches: of a run of cache lines, and of weight rows ahead of the one being read.
+// F16C, bf16 by shifting its 16 bits into the top of each fp32 lane, fp8 through fp16; the sum of a register's
+// lanes; and prefetches: of a run of cache lines, and of weight rows ahead of the one being read.
 // VIGIL_AVX2 and VIGIL_AVX512_BF16 name the instruction sets this build (-march=native) may use; with the latter,
 // 16 bf16 lanes at a time to and from fp32.
 #pragma once
