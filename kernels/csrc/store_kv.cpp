@@ -8,18 +8,19 @@
 
 namespace {
 
-// T: an integer of the cache's element size; rows are copied as bits.
-template <typename T>
+// Rows are copied as bytes, so every cache dtype (fp8 included) takes the same copy.
 void copy_rows(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
-  const int64_t tokens = src.size(0), heads = src.size(1), dim = src.size(2);
-  const T* from = static_cast<const T*>(src.data_ptr());
-  T* to = static_cast<T*>(cache.data_ptr());
+  const int64_t tokens = src.size(0), heads = src.size(1), element = src.element_size();
+  const int64_t row_bytes = src.size(2) * element;
+  const char* from = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(cache.data_ptr());
   at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = slots[t];
       if (slot < 0) continue;
       for (int64_t h = 0; h < heads; ++h)
-        std::memcpy(to + (slot * heads + h) * dim, from + t * src.stride(0) + h * src.stride(1), dim * sizeof(T));
+        std::memcpy(to + (slot * heads + h) * row_bytes, from + (t * src.stride(0) + h * src.stride(1)) * element,
+                    row_bytes);
     }
   });
 }
@@ -43,21 +44,6 @@ void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache
   const int64_t* slot_ptr = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < slots.numel(); ++t)
     TORCH_CHECK(slot_ptr[t] < num_slots, "slot ", slot_ptr[t], " is outside the cache's ", num_slots, " slots");
-  const auto copy_both = [&](auto element) {
-    copy_rows<decltype(element)>(keys, k_cache, slot_ptr);
-    copy_rows<decltype(element)>(values, v_cache, slot_ptr);
-  };
-  switch (k_cache.element_size()) {
-    case 1:
-      copy_both(uint8_t{});
-      break;
-    case 2:
-      copy_both(uint16_t{});
-      break;
-    case 4:
-      copy_both(uint32_t{});
-      break;
-    default:
-      TORCH_CHECK(false, "a KV cache's elements are 1, 2 or 4 bytes, not ", k_cache.element_size());
-  }
+  copy_rows(keys, k_cache, slot_ptr);
+  copy_rows(values, v_cache, slot_ptr);
 }
