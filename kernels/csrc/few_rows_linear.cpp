@@ -70,7 +70,7 @@ void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w
       int64_t k = 0;
       for (; k + 32 * A <= K; k += 32 * A) {
         // Each step prefetches as many lines as it reads, not a whole row's at once: a row's burst stalls on the
-        // core's outstanding-miss slots (4 and 8 rows: 12-13% slower on two Xeon cores, 1 row 2%).
+        // core's outstanding-miss slots (4 and 8 rows: 8-11% slower on two Xeon cores; one row alike).
         vigil::prefetch_ahead(row + k, 64 * A, end);
         __m512bh wv[A];
         for (int64_t i = 0; i < A; ++i) wv[i] = (__m512bh)_mm512_loadu_si512(row + k + 32 * i);
