@@ -1,6 +1,6 @@
 """The model's matrix products: fp16-stored weights compute fp32 products of the rounded weights, bf16 weights
-decoding a few rows on the CPU take the C++ kernel and equal an fp32 product, and a wide layer computed in slices
-equals the whole."""
+decoding a few rows on the CPU take the C++ kernel and equal an fp32 product, on AMX CPUs more rows take the tile
+kernel over weights packed once and equal it too, and a wide layer computed in slices equals the whole."""
 
 import re
 
@@ -13,16 +13,26 @@ from hypothesis import strategies as st
 from kernels import cpu
 from server.models.linear import (
     CHUNKED_OUTPUT_FEATURES,
+    AmxBf16WeightLinear,
     Bf16WeightLinear,
     ChunkedLinear,
     DenseLinear,
     Fp16WeightLinear,
-    PackedBf16WeightLinear,
     make_linear,
-    packed_bf16_gemm_wins,
 )
 
 MAX_FEW_ROWS = 8  # what kernels/csrc/few_rows_linear.cpp accepts; layers use it up to its few_rows_limit()
+COMPILED = cpu.load()
+AMX = COMPILED is not None and COMPILED.amx_linear_usable()
+needs_amx = pytest.mark.skipif(not AMX, reason="no AMX tiles here (or no C++ compiler): bf16 layers take oneDNN's GEMM")
+
+
+def assert_bf16_product(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """fp32 sums of the bf16 products, rounded once to bf16: half an ulp (2^-8 relative), plus fp32 sums in
+    another order."""
+    expected = F.linear(x.float(), weight.float())
+    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
+    torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
 
 
 def test_fp16_weights_are_an_fp32_product_of_the_rounded_weights():
@@ -63,22 +73,18 @@ def test_bf16_weights_few_rows_equal_an_fp32_product(rows, out_features, blocks,
     x = torch.randn(2, rows, 32 * blocks, generator=generator).bfloat16()[1]  # rows of a larger tensor
     layer = make_linear(weight, torch.bfloat16)
     outputs = [layer(x)]
-    compiled = cpu.load()
-    if compiled is not None:
+    if COMPILED is not None:
         assert isinstance(layer, Bf16WeightLinear) and 1 <= layer.max_rows <= MAX_FEW_ROWS
-        if rows <= MAX_FEW_ROWS:  # the kernel itself, also at row counts the layer leaves to oneDNN here
-            outputs.append(compiled.few_rows_linear(x, weight))
-    expected = F.linear(x.float(), weight.float())
+        if rows <= MAX_FEW_ROWS:  # the kernel itself, also at row counts the layer leaves to a GEMM here
+            outputs.append(COMPILED.few_rows_linear(x, weight))
     for out in outputs:
-        assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
-        # bf16 rounding of the output (half an ulp, 2^-8 relative) plus fp32 sums in another order.
-        torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
+        assert_bf16_product(out, x, weight)
 
 
 def test_the_few_rows_kernel_refuses_what_it_cannot_take():
-    compiled = cpu.load()
-    if compiled is None:
+    if COMPILED is None:
         pytest.skip("no C++ compiler: the kernels did not build")
+    compiled = COMPILED
     weight = torch.randn(8, 64).bfloat16()
     for x, message in ((torch.randn(MAX_FEW_ROWS + 1, 64).bfloat16(), "1 to 8 rows"),
                        (torch.randn(1, 48).bfloat16(), "x must be [rows, 64]"), (torch.randn(1, 64), "x must be bf16")):
@@ -88,19 +94,70 @@ def test_the_few_rows_kernel_refuses_what_it_cannot_take():
         compiled.few_rows_linear(torch.randn(1, 48).bfloat16(), torch.randn(8, 48).bfloat16())
 
 
-@pytest.mark.skipif(not packed_bf16_gemm_wins(), reason="no AMX here: bf16 layers keep oneDNN's plain-weight GEMM")
+@needs_amx
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 100),
+    out_features=st.integers(1, 100),
+    blocks=st.integers(1, 5),
+    spare_columns=st.integers(0, 40),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_amx_kernel_equals_an_fp32_product(rows, out_features, blocks, spare_columns, seed):
+    """Any rows (a last block of fewer than 32 goes through a zero-padded copy), any outputs (the packed weights
+    are zero past them, up to the next 32), and rows of x further apart than its width."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, 32 * blocks, generator=generator).bfloat16()
+    x = torch.randn(rows, 32 * blocks + spare_columns, generator=generator).bfloat16()[:, : 32 * blocks]
+    packed = COMPILED.amx_pack_weight(weight)
+    assert packed.numel() == -(-out_features // 32) * 32 * 32 * blocks
+    assert_bf16_product(COMPILED.amx_linear(x, packed, out_features), x, weight)
+
+
+@needs_amx
+def test_the_amx_kernel_takes_a_prefill_chunk_and_threads_share_the_columns():
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(3072, 576, generator=generator).bfloat16()
+    x = torch.randn(512 + 37, 576, generator=generator).bfloat16()
+    out = COMPILED.amx_linear(x, COMPILED.amx_pack_weight(weight), 3072)
+    assert_bf16_product(out, x, weight)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = COMPILED.amx_linear(x, COMPILED.amx_pack_weight(weight), 3072)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, out), "each output's sum does not depend on which thread computed it"
+
+
+@needs_amx
+def test_the_amx_kernel_refuses_what_it_cannot_take():
+    weight = torch.randn(40, 64).bfloat16()
+    packed = COMPILED.amx_pack_weight(weight)
+    for call, message in (
+        (lambda: COMPILED.amx_pack_weight(torch.randn(40, 48).bfloat16()), "multiple of 32"),
+        (lambda: COMPILED.amx_pack_weight(torch.randn(40, 64)), "w must be bf16"),
+        (lambda: COMPILED.amx_linear(torch.randn(3, 64).bfloat16(), packed, 65), "out_features does not match"),
+        (lambda: COMPILED.amx_linear(torch.randn(3, 96).bfloat16(), packed, 40), "x must be bf16 [rows, 64]"),
+        (lambda: COMPILED.amx_linear(torch.randn(3, 64), packed, 40), "x must be bf16 [rows, 64]"),
+        (lambda: COMPILED.amx_linear(torch.randn(3, 64).bfloat16(), weight, 40), "from amx_pack_weight"),
+    ):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            call()
+
+
+@needs_amx
 @pytest.mark.parametrize("rows", [MAX_FEW_ROWS + 1, 17, 64, 130])
 def test_bf16_layers_on_amx_take_weights_packed_once_and_equal_an_fp32_product(rows):
-    """Above the few-rows kernel's rows, the GEMM over weights packed at load; the output layer stays whole."""
+    """Above the few-rows kernel's rows, the AMX kernel over weights packed at load; the output layer stays
+    whole."""
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(CHUNKED_OUTPUT_FEATURES + 96, 64, generator=generator).bfloat16()
     x = torch.randn(rows, 64, generator=generator).bfloat16()
     layer = make_linear(weight, torch.bfloat16)
-    assert isinstance(layer, PackedBf16WeightLinear) and layer.max_rows <= MAX_FEW_ROWS
+    assert isinstance(layer, AmxBf16WeightLinear) and layer.max_rows < MAX_FEW_ROWS
     assert layer.nbytes == weight.nbytes
-    expected = F.linear(x.float(), weight.float())
     out = layer(x)
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, weight.shape[0])
-    torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
+    assert_bf16_product(out, x, weight)
     torch.testing.assert_close(layer(x.unsqueeze(0))[0], out, rtol=0, atol=0)
     assert isinstance(make_linear(weight, torch.bfloat16, "int8"), ChunkedLinear), "quantised layers keep their slices"

@@ -14,6 +14,9 @@ at::Tensor int8_linear(at::Tensor x, at::Tensor w, at::Tensor scales);
 at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins);
 at::Tensor few_rows_linear(at::Tensor x, at::Tensor w);
 int64_t few_rows_limit();
+at::Tensor amx_pack_weight(at::Tensor w);
+bool amx_linear_usable();
+at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
 at::Tensor greedy_tokens(at::Tensor logits);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -27,6 +30,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "x times int8 weights with group scales, transposed");
   m.def("int4_linear", &int4_linear, "x times packed int4 weights with group scales and minimums, transposed");
   m.def("few_rows_linear", &few_rows_linear, "One to eight rows of x times bf16 weights, transposed");
+  m.def("amx_pack_weight", &amx_pack_weight, "bf16 weights [N, K] in the tile layout amx_linear reads");
+  m.def("amx_linear_usable", &amx_linear_usable, "Whether this build has the AMX kernels and may use the tiles");
+  m.def("amx_linear", &amx_linear, "x times weights packed by amx_pack_weight, transposed, on AMX tiles");
   m.def("greedy_tokens", &greedy_tokens, "Each row's first highest logit");
   m.def("few_rows_limit", &few_rows_limit, "The rows up to which few_rows_linear beats a bf16 GEMM here");
 }

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "amx_tiles.h"
 #include "compile_time_rows.h"
 #include "simd_load.h"
 
@@ -96,9 +97,13 @@ void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w
 
 }  // namespace
 
-// The rows up to which this kernel beats oneDNN's bf16 GEMM (measured on SmolLM2's shapes: with AVX512-BF16
-// 1.7-1.9x at eight rows; widening, 1.1-1.3x at four and even at five).
+// The rows up to which this kernel beats a bf16 GEMM (measured on SmolLM2's shapes): with AVX512-BF16, oneDNN's
+// by 1.7-1.9x at eight rows; widening, by 1.1-1.3x at four and even at five. Where AMX tiles serve, amx_linear.cpp
+// takes over from seven rows (0.98x this kernel's time at seven, 0.92x at eight, 1.04x at six).
 int64_t few_rows_limit() {
+#ifdef VIGIL_AMX
+  if (vigil::amx::usable()) return 6;
+#endif
 #ifdef VIGIL_AVX512_BF16
   return 8;
 #else

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu, reference
-from kernels.isa import cpu_flags
 from server.models.quantization import QuantizedWeight, quantize
 
 
@@ -56,22 +55,23 @@ class Bf16WeightLinear(DenseLinear):
         return F.linear(x, self.weight)
 
 
-class PackedBf16WeightLinear(Bf16WeightLinear):
-    """On CPUs with AMX, more rows than the few-rows kernel takes go to oneDNN's bf16 GEMM over a copy of the
-    weights reordered once, at load, into the blocked layout its AMX kernels read; given plain weights, oneDNN
-    reorders them on every call. SmolLM2's linears streaming from memory on two Xeon cores, a step: 48 against
-    33 ms at batch 64, 69 against 48 at 128, even at 512. The plain weights stay for the few-rows kernel, which
-    beats the packed GEMM up to its eight rows (one row: 14-15 against 24 ms), so these layers hold their weights
-    twice; ``nbytes`` counts the model's weights once, as a step reads them."""
+class AmxBf16WeightLinear(Bf16WeightLinear):
+    """On CPUs with AMX, more rows than the few-rows kernel takes go to the AMX kernel
+    (kernels/csrc/amx_linear.cpp) over a copy of the weights packed once, at load, into its tile layout. SmolLM2's
+    linears at 64 rows on two Xeon cores, streaming from memory: about 0.75-0.8x the time of oneDNN's bf16 GEMM
+    over weights it had packed itself, and it wins from 8 rows to 512. The plain weights stay for the few-rows
+    kernel, which beats it at one to four rows, so these layers hold their weights twice; ``nbytes`` counts the
+    model's weights once, as a step reads them."""
 
-    def __init__(
-        self, weight: torch.Tensor, few_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], max_rows: int
-    ) -> None:
-        super().__init__(weight, few_rows, max_rows)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS)
+    def __init__(self, weight: torch.Tensor, compiled: ModuleType) -> None:
+        super().__init__(weight, compiled.few_rows_linear, compiled.few_rows_limit())
+        self.packed = compiled.amx_pack_weight(weight)
+        self.amx_linear = compiled.amx_linear
 
     def many_rows(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        rows = x.reshape(-1, x.shape[-1])
+        out = self.amx_linear(rows if rows.stride(-1) == 1 else rows.contiguous(), self.packed, self.weight.shape[0])
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 class Fp16WeightLinear:
@@ -116,15 +116,6 @@ class ChunkedLinear:
 # Output features above which a CPU layer is sliced, and the slice height.
 CHUNKED_OUTPUT_FEATURES = 16384
 OUTPUT_CHUNK = 4096
-# The batch that oneDNN picks the packed layout for: a full decode batch.
-PACKED_FOR_ROWS = 64
-
-
-def packed_bf16_gemm_wins() -> bool:
-    """AMX: oneDNN's bf16 kernels there read weights in a blocked layout that is worth making once."""
-    return "amx_bf16" in cpu_flags() and torch.backends.mkldnn.is_available()
-
-
 def fp16_weight_gemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
@@ -132,7 +123,7 @@ def fp16_weight_gemm_available() -> bool:
 def make_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None = None) -> Linear:
     """``weight_dtype`` is the compute dtype, or float16 under float32 compute on the CPU; ``quantization`` (int8
     or int4) stores the weights quantised instead."""
-    whole = quantization is None and _packs(weight, weight_dtype)
+    whole = quantization is None and _amx_kernels(weight, weight_dtype) is not None
     if weight.device.type == "cpu" and weight.shape[0] > CHUNKED_OUTPUT_FEATURES and not whole:
         parts = weight.split(OUTPUT_CHUNK)
         return ChunkedLinear([_single_linear(part, weight_dtype, quantization) for part in parts])
@@ -151,17 +142,18 @@ def _quantized_kernel(method: str, weight: torch.Tensor) -> Callable[..., torch.
     return getattr(compiled if compiled is not None else reference, f"{method}_linear")
 
 
-def _packs(weight: torch.Tensor, weight_dtype: torch.dtype) -> bool:
-    """A bf16 CPU layer whose GEMM takes weights packed once (the output layer whole: its slices' outputs stay
-    in cache anyway, and one call is slightly faster)."""
-    return weight.device.type == "cpu" and weight.dtype == weight_dtype == torch.bfloat16 and packed_bf16_gemm_wins()
-
-
 def _few_rows_kernels(weight: torch.Tensor) -> ModuleType | None:
     """The compiled CPU kernels where bf16 weights can take the few-rows kernel."""
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or weight.shape[1] % 32:
         return None
     return cpu.load()
+
+
+def _amx_kernels(weight: torch.Tensor, weight_dtype: torch.dtype) -> ModuleType | None:
+    """The compiled CPU kernels where a bf16 layer takes the AMX kernel (the output layer then stays whole: its
+    slices' outputs stay in cache anyway, and one call is slightly faster)."""
+    compiled = _few_rows_kernels(weight) if weight.dtype == weight_dtype else None
+    return compiled if compiled is not None and compiled.amx_linear_usable() else None
 
 
 def _single_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None) -> Linear:
@@ -171,8 +163,9 @@ def _single_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization
         compiled = _few_rows_kernels(weight)
         if compiled is None:
             return DenseLinear(weight)
-        layer = PackedBf16WeightLinear if _packs(weight, weight_dtype) else Bf16WeightLinear
-        return layer(weight, compiled.few_rows_linear, compiled.few_rows_limit())
+        if compiled.amx_linear_usable():
+            return AmxBf16WeightLinear(weight, compiled)
+        return Bf16WeightLinear(weight, compiled.few_rows_linear, compiled.few_rows_limit())
     if weight_dtype == torch.float16 and weight.dtype == torch.float32 and weight.device.type == "cpu":
         return Fp16WeightLinear(weight)
     raise ValueError(f"weights in {weight_dtype} under {weight.dtype} compute on {weight.device} are not supported")
