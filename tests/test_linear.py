@@ -18,7 +18,9 @@ from server.models.linear import (
     ChunkedLinear,
     DenseLinear,
     Fp16WeightLinear,
+    SiluMulOfGateUp,
     make_linear,
+    silu_mul_fuses_into,
 )
 
 MAX_FEW_ROWS = 8  # what kernels/csrc/few_rows_linear.cpp accepts; layers use it up to its few_rows_limit()
@@ -144,6 +146,48 @@ def test_the_amx_kernel_refuses_what_it_cannot_take():
     ):
         with pytest.raises(RuntimeError, match=re.escape(message)):
             call()
+
+
+@needs_amx
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 80),
+    pairs=st.integers(1, 4),
+    blocks=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_amx_gate_up_kernel_equals_the_product_then_the_silu_mul_op(rows, pairs, blocks, seed):
+    """Bit for bit: the fused kernel rounds each sum to bf16 before the activation, as the product stored in bf16
+    would be, and shares the layer op's arithmetic."""
+    generator = torch.Generator().manual_seed(seed)
+    intermediate = 32 * pairs
+    weight = (torch.randn(2 * intermediate, 32 * blocks, generator=generator) * 0.2).bfloat16()
+    x = torch.randn(rows, 32 * blocks, generator=generator).bfloat16()
+    packed = COMPILED.amx_pack_weight(weight)
+    fused = COMPILED.amx_silu_mul_linear(x, packed, intermediate)
+    assert torch.equal(fused, COMPILED.silu_mul(COMPILED.amx_linear(x, packed, 2 * intermediate)))
+    gate, up = F.linear(x.float(), weight.float()).bfloat16().chunk(2, dim=-1)
+    torch.testing.assert_close(fused, (F.silu(gate) * up), rtol=2**-7, atol=2**-7 * up.abs().max().item())
+
+
+@needs_amx
+def test_the_amx_gate_up_kernel_refuses_halves_it_cannot_pair():
+    packed = COMPILED.amx_pack_weight(torch.randn(96, 64).bfloat16())
+    for intermediate in (48, 32, 64):
+        with pytest.raises(RuntimeError, match="2 x intermediate outputs, a multiple of 32"):
+            COMPILED.amx_silu_mul_linear(torch.randn(3, 64).bfloat16(), packed, intermediate)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, MAX_FEW_ROWS, 64])
+def test_swiglu_of_an_amx_gate_up_layer_is_the_layer_then_the_activation(rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = (torch.randn(2 * 96, 64, generator=generator) * 0.2).bfloat16()
+    layer = make_linear(weight, torch.bfloat16)
+    assert silu_mul_fuses_into(layer) and not silu_mul_fuses_into(make_linear(weight[:160], torch.bfloat16))
+    activated = SiluMulOfGateUp(layer, COMPILED.silu_mul)
+    x = torch.randn(rows, 96, generator=generator).bfloat16()[:, :64]  # rows further apart than their width
+    assert torch.equal(activated(x), COMPILED.silu_mul(layer(x)))
 
 
 @needs_amx

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "amx_tiles.h"
+#include "silu_mul.h"
 
 #ifdef VIGIL_AMX
 namespace {
@@ -24,9 +25,10 @@ constexpr int64_t kPair = 32;            // outputs a column pair holds
 constexpr int64_t kBlock = 32;           // inputs a tile's rows hold, in pairs
 constexpr int64_t kTileBytes = 1024;     // 16 rows x 64 bytes
 constexpr int64_t kBlockBytes = 2 * kTileBytes;
-// Threads take pairs a few at a time, as they finish: two at least, and a 64th of a wide layer's (the output
-// layer: 24 pairs, so that each row's outputs are written in longer runs; 0.94x the time of two at 64 rows).
-constexpr int64_t kMinPairsPerTask = 2;
+// Threads take units of output columns a few at a time, as they finish: two at least, and a 64th of a wide
+// layer's (the output layer: 24 column pairs, so that each row's outputs are written in longer runs; 0.94x the
+// time of two at 64 rows).
+constexpr int64_t kMinUnitsPerTask = 2;
 constexpr int64_t kTasksOfWideLayer = 64;
 
 // A 16 x 16 fp32 tile from a stack buffer into up to 16 rows and the first `columns` of 16 outputs, as bf16.
@@ -36,58 +38,85 @@ void store_tile(const float* tile, at::BFloat16* y, int64_t ldy, int64_t rows, i
   for (int64_t r = 0; r < rows; ++r) vigil::store16(y + r * ldy, _mm512_load_ps(tile + 16 * r), lanes);
 }
 
-struct Problem {
-  const at::BFloat16* x;
-  int64_t ldx;
-  const char* w;  // packed
-  int64_t K, N, M;
-  at::BFloat16* y;
+// SiLU(gate) * up of two 16 x 16 tiles of sums, each rounded to bf16 first as a bf16 GEMM's output would be:
+// the same values as the GEMM followed by the silu_mul layer op.
+void store_silu_mul(const float* gate, const float* up, at::BFloat16* y, int64_t ldy, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 g = vigil::round_to_bf16(_mm512_load_ps(gate + 16 * r));
+    const __m512 u = vigil::round_to_bf16(_mm512_load_ps(up + 16 * r));
+    vigil::store16(y + r * ldy, vigil::silu_mul16(g, u));
+  }
+}
+
+// Two streams of 16-output tiles, one tile per 32 inputs, kBlockBytes apart; and where to prefetch from while
+// reading them (a multiply_block's AheadBytes of each, per block).
+struct TileStreams {
+  const char* tiles[2];
+  const char* ahead[2];
 };
 
-// Rows [m, m + 32) of x (a zero-padded copy when fewer are left) times column pair p, into y.
-void multiply_block(const Problem& P, const at::BFloat16* a, int64_t lda, int64_t p, int64_t m, bool prefetch) {
+// Sums of rows [0, 32) of `a` (rows lda apart) times the two streams' outputs, over `blocks` blocks of 32 inputs:
+// sums[0] and sums[1] for rows 0-15, sums[2] and sums[3] for rows 16-31.
+template <int64_t AheadBytes>
+void multiply_block(const at::BFloat16* a, int64_t lda, int64_t blocks, const TileStreams& b, bool prefetch,
+                    float (*sums)[256]) {
   namespace amx = vigil::amx;
-  const int64_t blocks = P.K / kBlock;
-  const char* stream = P.w + p * blocks * kBlockBytes;
   amx::zero<0>();
   amx::zero<1>();
   amx::zero<2>();
   amx::zero<3>();
   const int64_t a_stride = lda * static_cast<int64_t>(sizeof(at::BFloat16));
+  constexpr int64_t half = AheadBytes / 2;
   for (int64_t kb = 0; kb < blocks; ++kb) {
     const at::BFloat16* a_top = a + kb * kBlock;
-    const char* b = stream + kb * kBlockBytes;
-    // While the first row block reads the stream, each product prefetches a quarter of a block's lines,
-    // vigil::kPrefetchBytes ahead: all 32 at once stall on the core's outstanding-miss slots. Each product
-    // starts as soon as its two tiles are in.
-    const char* ahead = b + vigil::kPrefetchBytes;
+    const int64_t offset = kb * kBlockBytes;
+    // While the first row block reads the streams, each product prefetches a quarter of a block's lines ahead:
+    // all at once they stall on the core's outstanding-miss slots. Each product starts as soon as its two tiles
+    // are in.
     amx::load<4>(a_top, a_stride);
-    amx::load<6>(b, 64);
-    if (prefetch) vigil::prefetch_lines(ahead, 512);
+    amx::load<6>(b.tiles[0] + offset, 64);
+    if (prefetch) vigil::prefetch_lines(b.ahead[0] + offset, half);
     amx::multiply<0, 4, 6>();
-    amx::load<7>(b + kTileBytes, 64);
-    if (prefetch) vigil::prefetch_lines(ahead + 512, 512);
+    amx::load<7>(b.tiles[1] + offset, 64);
+    if (prefetch) vigil::prefetch_lines(b.ahead[0] + offset + half, half);
     amx::multiply<1, 4, 7>();
     amx::load<5>(a_top + 16 * lda, a_stride);
-    if (prefetch) vigil::prefetch_lines(ahead + 1024, 512);
+    if (prefetch) vigil::prefetch_lines(b.ahead[1] + offset, half);
     amx::multiply<2, 5, 6>();
-    if (prefetch) vigil::prefetch_lines(ahead + 1536, 512);
+    if (prefetch) vigil::prefetch_lines(b.ahead[1] + offset + half, half);
     amx::multiply<3, 5, 7>();
   }
-  alignas(64) float tiles[4][256];
-  amx::store<0>(tiles[0], 64);
-  amx::store<1>(tiles[1], 64);
-  amx::store<2>(tiles[2], 64);
-  amx::store<3>(tiles[3], 64);
-  const int64_t rows = std::min<int64_t>(32, P.M - m), top = std::min<int64_t>(16, rows);
-  const int64_t columns = std::min<int64_t>(kPair, P.N - p * kPair);
-  at::BFloat16* out = P.y + m * P.N + p * kPair;
-  store_tile(tiles[0], out, P.N, top, columns);
-  store_tile(tiles[1], out + 16, P.N, top, columns - 16);
-  if (rows > 16) {
-    store_tile(tiles[2], out + 16 * P.N, P.N, rows - 16, columns);
-    store_tile(tiles[3], out + 16 * P.N + 16, P.N, rows - 16, columns - 16);
+  amx::store<0>(sums[0], 64);
+  amx::store<1>(sums[1], 64);
+  amx::store<2>(sums[2], 64);
+  amx::store<3>(sums[3], 64);
+}
+
+// Runs block(unit, rows, lda, m, first) for every 32-row block of x and every unit of output columns, the threads
+// taking units as they finish; `rows` is x's (rows lda apart), or a zero-padded copy of the last fewer than 32.
+template <typename Block>
+void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
+  const int64_t M = x.size(0), K = x.size(1), full = M / 32 * 32;
+  at::Tensor tail;
+  if (full < M) {
+    tail = at::zeros({32, K}, x.options());
+    tail.narrow(0, 0, M - full).copy_(x.narrow(0, full, M - full));
   }
+  const at::BFloat16* rows = x.data_ptr<at::BFloat16>();
+  std::atomic<int64_t> next{0};
+  const int64_t per_task = std::max<int64_t>(kMinUnitsPerTask, units / kTasksOfWideLayer);
+  vigil::amx::TileConfig config;
+  for (int tile = 0; tile < 8; ++tile) config.shape(tile, 16, 64);
+  // Threads take units as they finish rather than in fixed halves: two cores here do not run AMX at one rate.
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    vigil::amx::ScopedTiles tiles(config);
+    for (int64_t first; (first = next.fetch_add(per_task)) < units;) {
+      for (int64_t unit = first; unit < std::min(units, first + per_task); ++unit) {
+        for (int64_t m = 0; m < full; m += 32) block(unit, rows + m * x.stride(0), x.stride(0), m, m == 0);
+        if (full < M) block(unit, tail.data_ptr<at::BFloat16>(), K, full, full == 0);
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -112,39 +141,77 @@ bool amx_linear_usable() {
 #endif
 }
 
-at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
+namespace {
+
+// The input features of packed weights that x can be multiplied by; refuses what the kernels cannot take.
+int64_t checked_inputs(const at::Tensor& x, const at::Tensor& packed) {
   TORCH_CHECK(amx_linear_usable(), "this build or process cannot use AMX tiles");
   TORCH_CHECK(packed.dim() == 6 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16,
               "packed must come from amx_pack_weight");
-  const int64_t M = x.size(0), K = packed.size(1) * 32, N = out_features;
-  TORCH_CHECK(N > (packed.size(0) - 1) * 32 && N <= packed.size(0) * 32, "out_features does not match packed");
+  const int64_t K = packed.size(1) * 32;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) == K && x.stride(1) == 1 &&
-                  (M <= 1 || x.stride(0) >= K),
+                  (x.size(0) <= 1 || x.stride(0) >= K),
               "x must be bf16 [rows, ", K, "], contiguous rows");
+  return K;
+}
+
+}  // namespace
+
+at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
+  const int64_t K = checked_inputs(x, packed), M = x.size(0), N = out_features;
+  TORCH_CHECK(N > (packed.size(0) - 1) * 32 && N <= packed.size(0) * 32, "out_features does not match packed");
   auto y = at::empty({M, N}, x.options());
 #ifdef VIGIL_AMX
-  const Problem P{x.data_ptr<at::BFloat16>(), x.stride(0), static_cast<const char*>(packed.data_ptr()), K, N, M,
-                  y.data_ptr<at::BFloat16>()};
-  const int64_t full = M / 32 * 32;
-  // The rows after the last full 32, in a zero-padded block.
-  at::Tensor tail;
-  if (full < M) {
-    tail = at::zeros({32, K}, x.options());
-    tail.narrow(0, 0, M - full).copy_(x.narrow(0, full, M - full));
-  }
-  const int64_t pairs = (N + 31) / 32;
-  std::atomic<int64_t> next{0};
-  const int64_t per_task = std::max<int64_t>(kMinPairsPerTask, pairs / kTasksOfWideLayer);
-  vigil::amx::TileConfig config;
-  for (int tile = 0; tile < 8; ++tile) config.shape(tile, 16, 64);
-  // Threads take pairs as they finish rather than in fixed halves: two cores here do not run AMX at one rate.
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    vigil::amx::ScopedTiles tiles(config);
-    for (int64_t first; (first = next.fetch_add(per_task)) < pairs;) {
-      for (int64_t p = first; p < std::min(pairs, first + per_task); ++p) {
-        for (int64_t m = 0; m < full; m += 32) multiply_block(P, P.x + m * P.ldx, P.ldx, p, m, m == 0);
-        if (full < M) multiply_block(P, tail.data_ptr<at::BFloat16>(), K, p, full, full == 0);
-      }
+  const char* w = static_cast<const char*>(packed.data_ptr());
+  at::BFloat16* out = y.data_ptr<at::BFloat16>();
+  const int64_t blocks = K / kBlock;
+  for_each_block(x, (N + 31) / 32, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, bool first) {
+    const char* stream = w + p * blocks * kBlockBytes;
+    const int64_t ahead = vigil::kPrefetchBytes;
+    const TileStreams b{{stream, stream + kTileBytes}, {stream + ahead, stream + ahead + kTileBytes}};
+    alignas(64) float sums[4][256];
+    multiply_block<kTileBytes>(a, lda, blocks, b, first, sums);
+    const int64_t rows = std::min<int64_t>(32, M - m), top = std::min<int64_t>(16, rows);
+    const int64_t columns = std::min<int64_t>(kPair, N - p * kPair);
+    at::BFloat16* y_block = out + m * N + p * kPair;
+    store_tile(sums[0], y_block, N, top, columns);
+    store_tile(sums[1], y_block + 16, N, top, columns - 16);
+    if (rows > 16) {
+      store_tile(sums[2], y_block + 16 * N, N, rows - 16, columns);
+      store_tile(sums[3], y_block + 16 * N + 16, N, rows - 16, columns - 16);
+    }
+  });
+#endif
+  return y;
+}
+
+// SiLU(gate) * up of a gate/up layer, whose weights stack gate's rows on up's: y [M, I] for weights [2I, K]
+// packed by amx_pack_weight, with I a multiple of 32. Gate's column pair p and up's, p + I/32, are read together
+// a 16-output tile at a time, and the activation is applied to their sums while they are in cache, instead of
+// storing the [M, 2I] product for the silu_mul layer op to read back.
+at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermediate) {
+  const int64_t K = checked_inputs(x, packed), M = x.size(0), I = intermediate;
+  TORCH_CHECK(I % 32 == 0 && packed.size(0) * 32 == 2 * I,
+              "packed must hold 2 x intermediate outputs, a multiple of 32");
+  auto y = at::empty({M, I}, x.options());
+#ifdef VIGIL_AMX
+  const char* w = static_cast<const char*>(packed.data_ptr());
+  at::BFloat16* out = y.data_ptr<at::BFloat16>();
+  const int64_t blocks = K / kBlock, pair_bytes = blocks * kBlockBytes;
+  for_each_block(x, I / kPair, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, bool first) {
+    const char* gate = w + p * pair_bytes;
+    const char* up = w + (p + I / kPair) * pair_bytes;
+    const int64_t ahead = vigil::kPrefetchBytes;
+    const int64_t rows = std::min<int64_t>(32, M - m), top = std::min<int64_t>(16, rows);
+    for (int64_t half = 0; half < 2; ++half) {
+      const int64_t tile = half * kTileBytes;
+      // The first half's pass prefetches both streams whole; the second reads them from cache.
+      const TileStreams b{{gate + tile, up + tile}, {gate + ahead, up + ahead}};
+      alignas(64) float sums[4][256];
+      multiply_block<kBlockBytes>(a, lda, blocks, b, first && half == 0, sums);
+      at::BFloat16* y_block = out + m * I + p * kPair + half * 16;
+      store_silu_mul(sums[0], sums[1], y_block, I, top);
+      if (rows > 16) store_silu_mul(sums[2], sums[3], y_block + 16 * I, I, rows - 16);
     }
   });
 #endif

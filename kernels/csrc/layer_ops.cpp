@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "silu_mul.h"
 #include "simd_load.h"
 #include "vector_math.h"
 
@@ -88,20 +89,9 @@ void add_row(bf16* row, const bf16* extra, int64_t width) {
 }
 
 void silu_mul_row(const bf16* gate, const bf16* up, bf16* out, int64_t width) {
-  const __m512 one = _mm512_set1_ps(1.f);
   for (int64_t i = 0; i < width; i += 16) {
     const __mmask16 lanes = vigil::first_lanes(width - i);
-    const __m512 x = vigil::load16(gate + i, lanes);
-    const __m512 e = vigil::exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
-    const __mmask16 positive = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
-    // 1 / (1 + e) from the 14-bit reciprocal and one Newton step (about 2^-23): a division costs more than the
-    // rest of the loop, and the result is rounded to bf16 anyway.
-    const __m512 denominator = _mm512_add_ps(one, e), estimate = _mm512_rcp14_ps(denominator);
-    const __m512 reciprocal =
-        _mm512_mul_ps(estimate, _mm512_fnmadd_ps(denominator, estimate, _mm512_set1_ps(2.f)));
-    const __m512 sigmoid = _mm512_mul_ps(_mm512_mask_blend_ps(positive, e, one), reciprocal);
-    const __m512 activated = vigil::round_to_bf16(_mm512_mul_ps(x, sigmoid));
-    vigil::store16(out + i, _mm512_mul_ps(activated, vigil::load16(up + i, lanes)), lanes);
+    vigil::store16(out + i, vigil::silu_mul16(vigil::load16(gate + i, lanes), vigil::load16(up + i, lanes)), lanes);
   }
 }
 

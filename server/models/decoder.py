@@ -13,7 +13,7 @@ import torch
 from kernels.backend import AttentionBackend, AttentionMetadata, LayerOps
 from server.models.config import ModelConfig
 from server.models.layers import GatedActivation, LinearFactory, TokenEmbedding, Weights, rotary_tables
-from server.models.linear import Linear
+from server.models.linear import Linear, SiluMulOfGateUp, silu_mul_fuses_into
 
 
 @dataclass
@@ -103,6 +103,7 @@ class DecoderModel:
         self.norm = weights.norm
         self.lm_head = weights.lm_head
         self.rotary = rotary_tables(config.layer_rope_thetas, config.head_dim, config.max_position_embeddings, device)
+        self.activated_gate_ups = [self._activated(layer.mlp.gate_up) for layer in self.layers]
 
     @torch.inference_mode()
     def forward(
@@ -119,17 +120,25 @@ class DecoderModel:
         ops, eps = self.layer_ops, self.config.rms_norm_eps
         next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         normed = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
-        for index, (layer, next_norm, kv_cache) in enumerate(zip(self.layers, next_norms, kv_caches, strict=True)):
+        layers = zip(self.layers, next_norms, kv_caches, self.activated_gate_ups, strict=True)
+        for index, (layer, next_norm, kv_cache, activated_gate_up) in enumerate(layers):
             attn, mlp = layer.attention, layer.mlp
             attended = attn.o_proj(self._attention(index, attn, normed, positions, kv_cache, meta))
             if attn.output_norm is not None:
                 attended = ops.rms_norm(attended, attn.output_norm, eps)
             hidden, normed = ops.add_rms_norm(hidden, attended, layer.mlp_norm, eps)
-            mlp_out = mlp.down(self.activation(mlp.gate_up(normed)))
+            mlp_out = mlp.down(activated_gate_up(normed))
             if mlp.output_norm is not None:
                 mlp_out = ops.rms_norm(mlp_out, mlp.output_norm, eps)
             hidden, normed = ops.add_rms_norm(hidden, mlp_out, next_norm, eps)
         return normed
+
+    def _activated(self, gate_up: Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The activation of gate_up's output. SwiGLU runs inside the layer's AMX kernel where the activation is
+        the compiled layer op, whose arithmetic that kernel shares."""
+        if self.config.hidden_act == "silu" and self.layer_ops.name == "cpu" and silu_mul_fuses_into(gate_up):
+            return SiluMulOfGateUp(gate_up, self.activation)
+        return lambda x: self.activation(gate_up(x))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
