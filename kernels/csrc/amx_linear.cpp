@@ -5,15 +5,14 @@
 // each 16 outputs, whose row r holds every output's inputs 2r and 2r+1 (the bf16 pairs TDPBF16PS multiplies).
 // A column pair's weights are thus one contiguous stream. Outputs past N, up to the next 32, are zero weights.
 //
-// A decode batch (tens of rows) reads each weight once per step, so the layer is bound by reading the weights:
-// the kernel streams each column pair once, multiplying it into every 32-row block of x while its tiles are
-// in L1. oneDNN's bf16 GEMM over its own packed weights took about 1.3x as long on SmolLM2's layers at 64 rows.
+// A decode batch (tens of rows) reads each weight once per step, so most of the layer's time is reading the
+// weights: the kernel streams each column pair once, multiplying it into every 32-row block of x while its tiles
+// are in L1. oneDNN's bf16 GEMM over its own packed weights took about 1.3x as long on SmolLM2's layers at 64 rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 
 #include "amx_tiles.h"
 #include "silu_mul.h"
