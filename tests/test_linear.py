@@ -76,7 +76,7 @@ def test_bf16_weights_few_rows_equal_an_fp32_product(rows, out_features, blocks,
     layer = make_linear(weight, torch.bfloat16)
     outputs = [layer(x)]
     if COMPILED is not None:
-        assert isinstance(layer, Bf16WeightLinear) and 1 <= layer.max_rows <= MAX_FEW_ROWS
+        assert isinstance(layer, (Bf16WeightLinear, AmxBf16WeightLinear)) and 1 <= layer.max_rows <= MAX_FEW_ROWS
         if rows <= MAX_FEW_ROWS:  # the kernel itself, also at row counts the layer leaves to a GEMM here
             outputs.append(COMPILED.few_rows_linear(x, weight))
     for out in outputs:
@@ -114,6 +114,26 @@ def test_the_amx_kernel_equals_an_fp32_product(rows, out_features, blocks, spare
     packed = COMPILED.amx_pack_weight(weight)
     assert packed.numel() == -(-out_features // 32) * 32 * 32 * blocks
     assert_bf16_product(COMPILED.amx_linear(x, packed, out_features), x, weight)
+
+
+@needs_amx
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, MAX_FEW_ROWS),
+    out_features=st.integers(1, 100),
+    blocks=st.integers(1, 5),
+    spare_pairs=st.integers(0, 20),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_few_rows_kernel_over_the_tile_layout_equals_an_fp32_product(rows, out_features, blocks, spare_pairs, seed):
+    """Decoding a few sequences reads the same packed weights (no plain copy is kept), without tiles."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, 32 * blocks, generator=generator).bfloat16()
+    x = torch.randn(rows, 32 * blocks + 2 * spare_pairs, generator=generator).bfloat16()[:, : 32 * blocks]
+    packed = COMPILED.amx_pack_weight(weight)
+    assert_bf16_product(COMPILED.amx_few_rows_linear(x, packed, out_features), x, weight)
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        COMPILED.amx_few_rows_linear(torch.randn(MAX_FEW_ROWS + 1, 32 * blocks).bfloat16(), packed, out_features)
 
 
 @needs_amx
@@ -200,7 +220,7 @@ def test_bf16_layers_on_amx_take_weights_packed_once_and_equal_an_fp32_product(r
     x = torch.randn(rows, 64, generator=generator).bfloat16()
     layer = make_linear(weight, torch.bfloat16)
     assert isinstance(layer, AmxBf16WeightLinear) and layer.max_rows < MAX_FEW_ROWS
-    assert layer.nbytes == weight.nbytes
+    assert layer.nbytes == weight.nbytes and not hasattr(layer, "weight"), "only the packed copy is kept"
     out = layer(x)
     assert_bf16_product(out, x, weight)
     torch.testing.assert_close(layer(x.unsqueeze(0))[0], out, rtol=0, atol=0)

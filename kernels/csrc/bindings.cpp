@@ -18,6 +18,7 @@ at::Tensor amx_pack_weight(at::Tensor w);
 bool amx_linear_usable();
 at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
 at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermediate);
+at::Tensor amx_few_rows_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
 at::Tensor greedy_tokens(at::Tensor logits);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -36,6 +37,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_linear", &amx_linear, "x times weights packed by amx_pack_weight, transposed, on AMX tiles");
   m.def("amx_silu_mul_linear", &amx_silu_mul_linear,
         "SiLU(gate) * up of x times stacked gate/up weights packed by amx_pack_weight, on AMX tiles");
+  m.def("amx_few_rows_linear", &amx_few_rows_linear,
+        "One to eight rows of x times weights packed by amx_pack_weight, transposed, without tiles");
   m.def("greedy_tokens", &greedy_tokens, "Each row's first highest logit");
   m.def("few_rows_limit", &few_rows_limit, "The rows up to which few_rows_linear beats a bf16 GEMM here");
 }

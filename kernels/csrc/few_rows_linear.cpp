@@ -98,8 +98,9 @@ void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w
 }  // namespace
 
 // The rows up to which this kernel beats a bf16 GEMM (measured on SmolLM2's shapes): with AVX512-BF16, oneDNN's
-// by 1.7-1.9x at eight rows; widening, by 1.1-1.3x at four and even at five. Where AMX tiles serve, amx_linear.cpp
-// takes over from seven rows (0.98x this kernel's time at seven, 0.92x at eight, 1.04x at six).
+// by 1.7-1.9x at eight rows; widening, by 1.1-1.3x at four and even at five. Where AMX tiles serve, layers keep
+// only their tile layout (amx_linear.cpp): its few-rows kernel serves up to six rows, and its AMX kernel from
+// seven (1.08x the few-rows kernel's time at six, 0.95x at seven, 0.85x at eight).
 int64_t few_rows_limit() {
 #ifdef VIGIL_AMX
   if (vigil::amx::usable()) return 6;

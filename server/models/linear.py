@@ -55,24 +55,28 @@ class Bf16WeightLinear(DenseLinear):
         return F.linear(x, self.weight)
 
 
-class AmxBf16WeightLinear(Bf16WeightLinear):
-    """On CPUs with AMX, more rows than the few-rows kernel takes go to the AMX kernel
-    (kernels/csrc/amx_linear.cpp) over a copy of the weights packed once, at load, into its tile layout. SmolLM2's
-    linears at 64 rows on two Xeon cores, streaming from memory: about 0.75-0.8x the time of oneDNN's bf16 GEMM
-    over weights it had packed itself, and it wins from 8 rows to 512. The plain weights stay for the few-rows
-    kernel, which beats it up to six rows, so these layers hold their weights twice; ``nbytes`` counts the
-    model's weights once, as a step reads them."""
+class AmxBf16WeightLinear:
+    """bf16 weights on CPUs with AMX, packed once at load into the tile layout of kernels/csrc/amx_linear.cpp and
+    kept only so: more rows than ``max_rows`` take its AMX kernel, fewer its few-rows kernel over the same layout.
+    SmolLM2's linears at 64 rows on two Xeon cores, streaming from memory: about 0.75-0.8x the time of oneDNN's
+    bf16 GEMM over weights it had packed itself, and it wins from 8 rows to 512; at one to six rows the few-rows
+    kernel takes 0.91-0.97x the time of few_rows_linear over plain weights."""
 
     def __init__(self, weight: torch.Tensor, compiled: ModuleType) -> None:
-        super().__init__(weight, compiled.few_rows_linear, compiled.few_rows_limit())
+        self.out_features = weight.shape[0]
+        self.nbytes = weight.nbytes
         self.packed = compiled.amx_pack_weight(weight)
+        self.max_rows = compiled.few_rows_limit()
+        self.amx_few_rows_linear = compiled.amx_few_rows_linear
         self.amx_linear = compiled.amx_linear
         self.amx_silu_mul_linear = compiled.amx_silu_mul_linear
 
-    def many_rows(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        out = self.amx_linear(rows if rows.stride(-1) == 1 else rows.contiguous(), self.packed, self.weight.shape[0])
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+        rows = rows if rows.is_contiguous() else rows.contiguous()
+        kernel = self.amx_few_rows_linear if rows.shape[0] <= self.max_rows else self.amx_linear
+        out = kernel(rows, self.packed, self.out_features)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 class SiluMulOfGateUp:
@@ -85,7 +89,7 @@ class SiluMulOfGateUp:
     def __init__(self, gate_up: AmxBf16WeightLinear, silu_mul: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.gate_up = gate_up
         self.silu_mul = silu_mul
-        self.intermediate = gate_up.weight.shape[0] // 2
+        self.intermediate = gate_up.out_features // 2
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -100,7 +104,7 @@ class SiluMulOfGateUp:
 def silu_mul_fuses_into(gate_up: Linear) -> bool:
     """Whether SiluMulOfGateUp can take this gate/up layer: AMX weights, each half a whole number of the
     kernel's 32-output column pairs."""
-    return isinstance(gate_up, AmxBf16WeightLinear) and gate_up.weight.shape[0] % 64 == 0
+    return isinstance(gate_up, AmxBf16WeightLinear) and gate_up.out_features % 64 == 0
 
 
 class Fp16WeightLinear:
