@@ -19,6 +19,10 @@
 #include "silu_mul.h"
 #include "vector_math.h"
 
+namespace {
+constexpr int64_t kMaxFewRows = 8;  // rows amx_few_rows_linear takes
+}  // namespace
+
 #ifdef VIGIL_AMX
 namespace {
 
@@ -26,7 +30,6 @@ constexpr int64_t kPair = 32;            // outputs a column pair holds
 constexpr int64_t kBlock = 32;           // inputs a tile's rows hold, in pairs
 constexpr int64_t kTileBytes = 1024;     // 16 rows x 64 bytes
 constexpr int64_t kBlockBytes = 2 * kTileBytes;
-constexpr int64_t kMaxFewRows = 8;
 // Threads take units of output columns a few at a time, as they finish: two at least, and a 64th of a wide
 // layer's (the output layer: 24 column pairs, so that each row's outputs are written in longer runs; 0.94x the
 // time of two at 64 rows).
@@ -36,7 +39,7 @@ constexpr int64_t kTasksOfWideLayer = 64;
 // A 16 x 16 fp32 tile from a stack buffer into up to 16 rows and the first `columns` of 16 outputs, as bf16.
 void store_tile(const float* tile, at::BFloat16* y, int64_t ldy, int64_t rows, int64_t columns) {
   if (columns <= 0) return;
-  const __mmask16 lanes = columns >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << columns) - 1);
+  const __mmask16 lanes = vigil::first_lanes(columns);
   for (int64_t r = 0; r < rows; ++r) vigil::store16(y + r * ldy, _mm512_load_ps(tile + 16 * r), lanes);
 }
 
@@ -202,11 +205,17 @@ int64_t checked_inputs(const at::Tensor& x, const at::Tensor& packed) {
   return K;
 }
 
+// Packed weights hold their outputs rounded up to whole column pairs of 32.
+void check_out_features(const at::Tensor& packed, int64_t out_features) {
+  TORCH_CHECK(out_features > (packed.size(0) - 1) * 32 && out_features <= packed.size(0) * 32,
+              "out_features does not match packed");
+}
+
 }  // namespace
 
 at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   const int64_t K = checked_inputs(x, packed), M = x.size(0), N = out_features;
-  TORCH_CHECK(N > (packed.size(0) - 1) * 32 && N <= packed.size(0) * 32, "out_features does not match packed");
+  check_out_features(packed, N);
   auto y = at::empty({M, N}, x.options());
 #ifdef VIGIL_AMX
   const char* w = static_cast<const char*>(packed.data_ptr());
@@ -270,7 +279,7 @@ at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermed
 // 0.94x the time at one row, 0.97x at two and four, 0.91x at six.
 at::Tensor amx_few_rows_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   const int64_t K = checked_inputs(x, packed), M = x.size(0), N = out_features;
-  TORCH_CHECK(N > (packed.size(0) - 1) * 32 && N <= packed.size(0) * 32, "out_features does not match packed");
+  check_out_features(packed, N);
   TORCH_CHECK(M >= 1 && M <= kMaxFewRows && (M == 1 || x.stride(0) % 2 == 0),
               "x must have 1 to 8 rows, an even number of values apart");
   auto y = at::empty({M, N}, x.options());

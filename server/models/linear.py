@@ -23,6 +23,11 @@ class Linear(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x's rows as the one contiguous [tokens, features] matrix that the CPU kernels take."""
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
 class DenseLinear:
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
@@ -45,10 +50,10 @@ class Bf16WeightLinear(DenseLinear):
         self.max_rows = max_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
+        rows = _rows(x)
         if rows.shape[0] > self.max_rows:
             return self.many_rows(x)
-        out = self.few_rows(rows if rows.is_contiguous() else rows.contiguous(), self.weight)
+        out = self.few_rows(rows, self.weight)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def many_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,8 +77,7 @@ class AmxBf16WeightLinear:
         self.amx_silu_mul_linear = compiled.amx_silu_mul_linear
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        rows = rows if rows.is_contiguous() else rows.contiguous()
+        rows = _rows(x)
         kernel = self.amx_few_rows_linear if rows.shape[0] <= self.max_rows else self.amx_linear
         out = kernel(rows, self.packed, self.out_features)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -92,12 +96,10 @@ class SiluMulOfGateUp:
         self.intermediate = gate_up.out_features // 2
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
+        rows = _rows(x)
         if rows.shape[0] <= self.gate_up.max_rows:
             return self.silu_mul(self.gate_up(x))
-        layer = self.gate_up
-        out = layer.amx_silu_mul_linear(rows if rows.stride(-1) == 1 else rows.contiguous(), layer.packed,
-                                        self.intermediate)
+        out = self.gate_up.amx_silu_mul_linear(rows, self.gate_up.packed, self.intermediate)
         return out.reshape(*x.shape[:-1], self.intermediate)
 
 
@@ -128,8 +130,7 @@ class QuantizedLinear:
         self.nbytes = weight.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        out = self.kernel(rows if rows.is_contiguous() else rows.contiguous(), *self.weight.tensors)
+        out = self.kernel(_rows(x), *self.weight.tensors)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
