@@ -61,10 +61,11 @@ struct TileStreams {
 };
 
 // Sums of rows [0, 32) of `a` (rows lda apart) times the two streams' outputs, over `blocks` blocks of 32 inputs:
-// sums[0] and sums[1] for rows 0-15, sums[2] and sums[3] for rows 16-31.
+// sums[0] and sums[1] for rows 0-15, sums[2] and sums[3] for rows 16-31. Where `next` is given, `next_step`
+// bytes of it are fetched into L2 per block of inputs: part of the stream a later call will read.
 template <int64_t AheadBytes>
 void multiply_block(const at::BFloat16* a, int64_t lda, int64_t blocks, const TileStreams& b, bool prefetch,
-                    float (*sums)[256]) {
+                    const char* next, int64_t next_step, float (*sums)[256]) {
   namespace amx = vigil::amx;
   amx::zero<0>();
   amx::zero<1>();
@@ -72,6 +73,10 @@ void multiply_block(const at::BFloat16* a, int64_t lda, int64_t blocks, const Ti
   amx::zero<3>();
   const int64_t a_stride = lda * static_cast<int64_t>(sizeof(at::BFloat16));
   constexpr int64_t half = AheadBytes / 2;
+  const int64_t quarter = next_step / 4;
+  const auto fetch_next = [&](int64_t kb, int64_t part) {
+    if (next) vigil::prefetch_lines<_MM_HINT_T1>(next + kb * next_step + part * quarter, quarter);
+  };
   for (int64_t kb = 0; kb < blocks; ++kb) {
     const at::BFloat16* a_top = a + kb * kBlock;
     const int64_t offset = kb * kBlockBytes;
@@ -81,14 +86,18 @@ void multiply_block(const at::BFloat16* a, int64_t lda, int64_t blocks, const Ti
     amx::load<4>(a_top, a_stride);
     amx::load<6>(b.tiles[0] + offset, 64);
     if (prefetch) vigil::prefetch_lines(b.ahead[0] + offset, half);
+    fetch_next(kb, 0);
     amx::multiply<0, 4, 6>();
     amx::load<7>(b.tiles[1] + offset, 64);
     if (prefetch) vigil::prefetch_lines(b.ahead[0] + offset + half, half);
+    fetch_next(kb, 1);
     amx::multiply<1, 4, 7>();
     amx::load<5>(a_top + 16 * lda, a_stride);
     if (prefetch) vigil::prefetch_lines(b.ahead[1] + offset, half);
+    fetch_next(kb, 2);
     amx::multiply<2, 5, 6>();
     if (prefetch) vigil::prefetch_lines(b.ahead[1] + offset + half, half);
+    fetch_next(kb, 3);
     amx::multiply<3, 5, 7>();
   }
   amx::store<0>(sums[0], 64);
@@ -97,8 +106,18 @@ void multiply_block(const at::BFloat16* a, int64_t lda, int64_t blocks, const Ti
   amx::store<3>(sums[3], 64);
 }
 
-// Runs block(unit, rows, lda, m, first) for every 32-row block of x and every unit of output columns, the threads
-// taking units as they finish; `rows` is x's (rows lda apart), or a zero-padded copy of the last fewer than 32.
+// The unit a thread takes next, and the share of its weights a row block fetches while the current unit is read.
+struct Coming {
+  int64_t unit;   // -1: none
+  int64_t part;   // this row block's share, of `parts`
+  int64_t parts;  // the unit's row blocks
+};
+
+// Runs block(unit, rows, lda, m, first, coming) for every 32-row block of x and every unit of output columns, the
+// threads taking units as they finish; `rows` is x's (rows lda apart), or a zero-padded copy of the last fewer than
+// 32. The row blocks of a unit fetch the next unit's weights into L2 between them, so that memory keeps reading
+// while the tiles multiply what is in cache: before, only the first row block read from memory, and the others
+// left it idle (over SmolLM2's layers, 0.85x the time at 64 rows, 0.92x at 512; the fused gate/up 0.81x at 64).
 template <typename Block>
 void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
   const int64_t M = x.size(0), K = x.size(1), full = M / 32 * 32;
@@ -108,6 +127,7 @@ void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
     tail.narrow(0, 0, M - full).copy_(x.narrow(0, full, M - full));
   }
   const at::BFloat16* rows = x.data_ptr<at::BFloat16>();
+  const int64_t row_blocks = (M + 31) / 32;
   std::atomic<int64_t> next{0};
   const int64_t per_task = std::max<int64_t>(kMinUnitsPerTask, units / kTasksOfWideLayer);
   vigil::amx::TileConfig config;
@@ -115,11 +135,19 @@ void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
   // Threads take units as they finish rather than in fixed halves: two cores here do not run AMX at one rate.
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     vigil::amx::ScopedTiles tiles(config);
-    for (int64_t first; (first = next.fetch_add(per_task)) < units;) {
-      for (int64_t unit = first; unit < std::min(units, first + per_task); ++unit) {
-        for (int64_t m = 0; m < full; m += 32) block(unit, rows + m * x.stride(0), x.stride(0), m, m == 0);
-        if (full < M) block(unit, tail.data_ptr<at::BFloat16>(), K, full, full == 0);
+    for (int64_t first = next.fetch_add(per_task); first < units;) {
+      const int64_t last = std::min(units, first + per_task);
+      int64_t following = units;
+      for (int64_t unit = first; unit < last; ++unit) {
+        if (unit + 1 == last) following = next.fetch_add(per_task);  // claimed now, to be fetched ahead
+        const int64_t coming = unit + 1 < last ? unit + 1 : following;
+        for (int64_t b = 0; b < row_blocks; ++b) {
+          const int64_t m = 32 * b;
+          const at::BFloat16* a = m < full ? rows + m * x.stride(0) : tail.data_ptr<at::BFloat16>();
+          block(unit, a, m < full ? x.stride(0) : K, m, b == 0, Coming{coming < units ? coming : -1, b, row_blocks});
+        }
       }
+      first = following;
     }
   });
 }
@@ -221,12 +249,16 @@ at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   const char* w = static_cast<const char*>(packed.data_ptr());
   at::BFloat16* out = y.data_ptr<at::BFloat16>();
   const int64_t blocks = K / kBlock;
-  for_each_block(x, (N + 31) / 32, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, bool first) {
+  for_each_block(x, (N + 31) / 32, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, bool first,
+                                        const Coming& coming) {
     const char* stream = w + p * blocks * kBlockBytes;
     const int64_t ahead = vigil::kPrefetchBytes;
     const TileStreams b{{stream, stream + kTileBytes}, {stream + ahead, stream + ahead + kTileBytes}};
     alignas(64) float sums[4][256];
-    multiply_block<kTileBytes>(a, lda, blocks, b, first, sums);
+    const int64_t next_step = kBlockBytes / coming.parts;
+    const char* next =
+        coming.unit < 0 ? nullptr : w + coming.unit * blocks * kBlockBytes + coming.part * blocks * next_step;
+    multiply_block<kTileBytes>(a, lda, blocks, b, first, next, next_step, sums);
     const int64_t rows = std::min<int64_t>(32, M - m), top = std::min<int64_t>(16, rows);
     const int64_t columns = std::min<int64_t>(kPair, N - p * kPair);
     at::BFloat16* y_block = out + m * N + p * kPair;
@@ -254,7 +286,8 @@ at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermed
   const char* w = static_cast<const char*>(packed.data_ptr());
   at::BFloat16* out = y.data_ptr<at::BFloat16>();
   const int64_t blocks = K / kBlock, pair_bytes = blocks * kBlockBytes;
-  for_each_block(x, I / kPair, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, bool first) {
+  for_each_block(x, I / kPair, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, bool first,
+                                   const Coming& coming) {
     const char* gate = w + p * pair_bytes;
     const char* up = w + (p + I / kPair) * pair_bytes;
     const int64_t ahead = vigil::kPrefetchBytes;
@@ -264,7 +297,12 @@ at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermed
       // The first half's pass prefetches both streams whole; the second reads them from cache.
       const TileStreams b{{gate + tile, up + tile}, {gate + ahead, up + ahead}};
       alignas(64) float sums[4][256];
-      multiply_block<kBlockBytes>(a, lda, blocks, b, first && half == 0, sums);
+      // The first half fetches its share of the coming unit's gate stream, the second of its up stream.
+      const int64_t next_step = kBlockBytes / coming.parts;
+      const char* next = coming.unit < 0 ? nullptr
+                                         : w + (coming.unit + half * I / kPair) * pair_bytes +
+                                               coming.part * blocks * next_step;
+      multiply_block<kBlockBytes>(a, lda, blocks, b, first && half == 0, next, next_step, sums);
       at::BFloat16* y_block = out + m * I + p * kPair + half * 16;
       store_silu_mul(sums[0], sums[1], y_block, I, top);
       if (rows > 16) store_silu_mul(sums[2], sums[3], y_block + 16 * I, I, rows - 16);
