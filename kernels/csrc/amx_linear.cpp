@@ -155,7 +155,8 @@ void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
 // One to kMaxFewRows rows over the same packed weights, without tiles: a 64-byte tile row holds 16 outputs'
 // pairs of inputs, so one vdpbf16ps multiplies it by a row's pair broadcast to every lane, and 16 outputs' sums
 // grow side by side with no horizontal sums. Each tile row read prefetches its line and the other tile's 4 KB
-// ahead, spread through the block rather than in a burst.
+// ahead into L1 and 32 KB ahead into L2, spread through the block rather than in a burst (the L2 fetch: 0.85x the
+// time at one or two rows, 0.92x at four, 0.98x at six).
 template <int64_t R>
 void few_rows_over_tiles(const at::BFloat16* x, int64_t ldx, const char* w, int64_t K, int64_t N, at::BFloat16* y) {
   const int64_t blocks = K / kBlock, pairs = (N + kPair - 1) / kPair;
@@ -170,12 +171,17 @@ void few_rows_over_tiles(const at::BFloat16* x, int64_t ldx, const char* w, int6
       for (int64_t kb = 0; kb < blocks; ++kb) {
         const char* block = stream + kb * kBlockBytes;
         const char* ahead = block + vigil::kPrefetchBytes;
+        const char* far = block + 8 * vigil::kPrefetchBytes;
         const auto* pairs_of_x = reinterpret_cast<const int32_t*>(x + kb * kBlock);
 #pragma GCC unroll 16
         for (int64_t t = 0; t < 16; ++t) {
           if (ahead + 64 * t < end) {
             _mm_prefetch(ahead + 64 * t, _MM_HINT_T0);
             _mm_prefetch(ahead + kTileBytes + 64 * t, _MM_HINT_T0);
+          }
+          if (far + 64 * t < end) {
+            _mm_prefetch(far + 64 * t, _MM_HINT_T1);
+            _mm_prefetch(far + kTileBytes + 64 * t, _MM_HINT_T1);
           }
           const auto w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(block + 64 * t));
           const auto w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(block + kTileBytes + 64 * t));
