@@ -109,11 +109,20 @@ void multiply_block(const at::BFloat16* a, int64_t lda, int64_t blocks, const Ti
 // The unit a thread takes next, and the share of its weights a row block fetches while the current unit is read.
 struct Coming {
   int64_t unit;   // -1: none
-  int64_t part;   // this row block's share, of `parts`
+  int64_t part;   // this row block's share, of `parts`: its index among the unit's row blocks
   int64_t parts;  // the unit's row blocks
+
+  // The bytes of a coming stream this row block fetches per block of inputs.
+  int64_t step() const { return kBlockBytes / parts; }
+
+  // Where this row block's share begins in the stream `streams_after` past the coming unit's (streams of `blocks`
+  // blocks of inputs, packed from w); nullptr when no unit is coming.
+  const char* share(const char* w, int64_t streams_after, int64_t blocks) const {
+    return unit < 0 ? nullptr : w + (unit + streams_after) * blocks * kBlockBytes + part * blocks * step();
+  }
 };
 
-// Runs block(unit, rows, lda, m, first, coming) for every 32-row block of x and every unit of output columns, the
+// Runs block(unit, rows, lda, m, coming) for every 32-row block of x and every unit of output columns, the
 // threads taking units as they finish; `rows` is x's (rows lda apart), or a zero-padded copy of the last fewer than
 // 32. The row blocks of a unit fetch the next unit's weights into L2 between them, so that memory keeps reading
 // while the tiles multiply what is in cache: before, only the first row block read from memory, and the others
@@ -144,7 +153,7 @@ void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
         for (int64_t b = 0; b < row_blocks; ++b) {
           const int64_t m = 32 * b;
           const at::BFloat16* a = m < full ? rows + m * x.stride(0) : tail.data_ptr<at::BFloat16>();
-          block(unit, a, m < full ? x.stride(0) : K, m, b == 0, Coming{coming < units ? coming : -1, b, row_blocks});
+          block(unit, a, m < full ? x.stride(0) : K, m, Coming{coming < units ? coming : -1, b, row_blocks});
         }
       }
       first = following;
@@ -255,16 +264,13 @@ at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   const char* w = static_cast<const char*>(packed.data_ptr());
   at::BFloat16* out = y.data_ptr<at::BFloat16>();
   const int64_t blocks = K / kBlock;
-  for_each_block(x, (N + 31) / 32, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, bool first,
+  for_each_block(x, (N + 31) / 32, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m,
                                         const Coming& coming) {
     const char* stream = w + p * blocks * kBlockBytes;
     const int64_t ahead = vigil::kPrefetchBytes;
     const TileStreams b{{stream, stream + kTileBytes}, {stream + ahead, stream + ahead + kTileBytes}};
     alignas(64) float sums[4][256];
-    const int64_t next_step = kBlockBytes / coming.parts;
-    const char* next =
-        coming.unit < 0 ? nullptr : w + coming.unit * blocks * kBlockBytes + coming.part * blocks * next_step;
-    multiply_block<kTileBytes>(a, lda, blocks, b, first, next, next_step, sums);
+    multiply_block<kTileBytes>(a, lda, blocks, b, coming.part == 0, coming.share(w, 0, blocks), coming.step(), sums);
     const int64_t rows = std::min<int64_t>(32, M - m), top = std::min<int64_t>(16, rows);
     const int64_t columns = std::min<int64_t>(kPair, N - p * kPair);
     at::BFloat16* y_block = out + m * N + p * kPair;
@@ -292,8 +298,7 @@ at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermed
   const char* w = static_cast<const char*>(packed.data_ptr());
   at::BFloat16* out = y.data_ptr<at::BFloat16>();
   const int64_t blocks = K / kBlock, pair_bytes = blocks * kBlockBytes;
-  for_each_block(x, I / kPair, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, bool first,
-                                   const Coming& coming) {
+  for_each_block(x, I / kPair, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, const Coming& coming) {
     const char* gate = w + p * pair_bytes;
     const char* up = w + (p + I / kPair) * pair_bytes;
     const int64_t ahead = vigil::kPrefetchBytes;
@@ -304,11 +309,8 @@ at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermed
       const TileStreams b{{gate + tile, up + tile}, {gate + ahead, up + ahead}};
       alignas(64) float sums[4][256];
       // The first half fetches its share of the coming unit's gate stream, the second of its up stream.
-      const int64_t next_step = kBlockBytes / coming.parts;
-      const char* next = coming.unit < 0 ? nullptr
-                                         : w + (coming.unit + half * I / kPair) * pair_bytes +
-                                               coming.part * blocks * next_step;
-      multiply_block<kBlockBytes>(a, lda, blocks, b, first && half == 0, next, next_step, sums);
+      multiply_block<kBlockBytes>(a, lda, blocks, b, coming.part == 0 && half == 0,
+                                  coming.share(w, half * I / kPair, blocks), coming.step(), sums);
       at::BFloat16* y_block = out + m * I + p * kPair + half * 16;
       store_silu_mul(sums[0], sums[1], y_block, I, top);
       if (rows > 16) store_silu_mul(sums[2], sums[3], y_block + 16 * I, I, rows - 16);
