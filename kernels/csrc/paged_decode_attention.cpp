@@ -163,10 +163,11 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   float* out_ptr = out.data_ptr<float>();
 
-  at::parallel_for(0, num_seqs * tasks_per_seq, 1, [&](int64_t begin, int64_t end) {
+  vigil::TaskQueue queue(num_seqs * tasks_per_seq);
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     const int64_t task_heads = heads_per_task * group;
     std::vector<float> queries(task_heads * dim), scores, acc(task_heads * dim);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = queue.take(); task < queue.count(); task = queue.take()) {
       const int64_t seq = task / tasks_per_seq, first_kv_head = (task % tasks_per_seq) * heads_per_task;
       const int64_t len = lens[seq];
       // The keys the query sees: all of them, or the last `window`.

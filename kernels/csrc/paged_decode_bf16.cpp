@@ -33,7 +33,8 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int32_t* len_ptr = lens.data_ptr<int32_t>();
   bf16* out_ptr = out.data_ptr<bf16>();
 
-  at::parallel_for(0, num_seqs * tasks_per_seq, 1, [&](int64_t begin, int64_t end) {
+  TaskQueue queue(num_seqs * tasks_per_seq);
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     std::vector<float> scores;
     std::vector<int64_t> rows;
     ScoreScratch scratch;
@@ -43,7 +44,8 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
     const auto first_token = [&](int64_t seq) {  // the first context token the sequence's query sees
       return window > 0 ? std::max<int64_t>(0, len_ptr[seq] - window) : 0;
     };
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = queue.take(), following; task < queue.count(); task = following) {
+      following = queue.take();  // taken now, so that its first key block is fetched ahead
       const int64_t seq = task / tasks_per_seq, len = len_ptr[seq];
       const int64_t first = first_token(seq), span = len - first;
       token_rows(table_ptr + seq * tables.size(1), first, len, k_cache.size(1), k_cache.stride(0), k_cache.stride(1),
@@ -62,8 +64,8 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int first_chunk = static_cast<int>(std::min<int64_t>(kChunk, span));
       prefetch_rows(v_ptr + first_kv * k_cache.stride(2), rows.data(), first_chunk, row_bytes);
       for (int64_t h = 0; h < heads; ++h) vigil::softmax(&scores[h * span], span);
-      if (task + 1 < end) {
-        const int64_t next = (task + 1) / tasks_per_seq;
+      if (following < queue.count()) {
+        const int64_t next = following / tasks_per_seq;
         prefetch_block(k_ptr, table_ptr + next * tables.size(1), first_token(next), k_cache.size(1), k_cache.stride(0));
       }
       for (int64_t g = first_kv; g < first_kv + kv_heads_per_task; ++g) {

@@ -110,9 +110,10 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 
   const std::vector<vigil::PrefillTask> tasks = vigil::prefill_tasks(cu_seqlens, num_kv_heads);
 
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+  vigil::TaskQueue queue(static_cast<int64_t>(tasks.size()));
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     std::vector<float> queries, scores, acc, key(dim), keys(dim * kChunk), values(kChunk * dim);
-    for (int64_t index = begin; index < end; ++index) {
+    for (int64_t index = queue.take(); index < queue.count(); index = queue.take()) {
       const vigil::PrefillTask& task = tasks[index];
       const int64_t num_new = cu_seqlens[task.seq + 1] - cu_seqlens[task.seq];
       const int64_t tokens = std::min(vigil::kPrefillTileTokens, num_new - task.first_token);

@@ -36,7 +36,8 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 
   const std::vector<PrefillTask> tasks = prefill_tasks(cu_seqlens, num_kv_heads);
 
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+  TaskQueue queue(static_cast<int64_t>(tasks.size()));
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     std::vector<float> scores;
     std::vector<int64_t> rows;
     ScoreScratch scratch;
@@ -44,7 +45,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
     std::vector<const bf16*> query_rows;
     std::vector<const Cache*> key_rows;
     std::vector<bf16*> out_rows;
-    for (int64_t index = begin; index < end; ++index) {
+    for (int64_t index = queue.take(); index < queue.count(); index = queue.take()) {
       const PrefillTask& task = tasks[index];
       const int64_t num_new = cu_seqlens[task.seq + 1] - cu_seqlens[task.seq];
       const int64_t tokens = std::min(kPrefillTileTokens, num_new - task.first_token), count = tokens * group;
