@@ -23,7 +23,7 @@ SOURCE_DIR = Path(__file__).parent / "csrc"
 SOURCES = (
     "paged_decode_attention.cpp", "paged_decode_bf16.cpp", "paged_prefill_attention.cpp", "paged_prefill_bf16.cpp",
     "store_kv.cpp", "layer_ops.cpp", "quantized_linear.cpp", "few_rows_linear.cpp", "amx_linear.cpp",
-    "greedy_tokens.cpp", "bindings.cpp",
+    "greedy_tokens.cpp", "decode_layers.cpp", "bindings.cpp",
 )
 # -fno-trapping-math lets GCC vectorise loops with float selects (SiLU, exp, max); results are unchanged, only
 # floating-point exception flags are no longer kept exact. Without it those loops ran one lane at a time.

@@ -1,25 +1,8 @@
 // The Python module of the CPU kernels: one extension, built once by kernels/cpu.py.
 #include <torch/extension.h>
 
-at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                     at::Tensor block_tables, at::Tensor seq_lens, double scale, int64_t window);
-at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale, int64_t window);
-void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slot_mapping);
-at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
-at::Tensor add_rms_norm_(at::Tensor hidden, at::Tensor delta, at::Tensor weight, double eps);
-void rotary_(at::Tensor q, at::Tensor k, at::Tensor positions, at::Tensor cos, at::Tensor sin);
-at::Tensor silu_mul(at::Tensor gate_up);
-at::Tensor int8_linear(at::Tensor x, at::Tensor w, at::Tensor scales);
-at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins);
-at::Tensor few_rows_linear(at::Tensor x, at::Tensor w);
-int64_t few_rows_limit();
-at::Tensor amx_pack_weight(at::Tensor w);
-bool amx_linear_usable();
-at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
-at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermediate);
-at::Tensor amx_few_rows_linear(at::Tensor x, at::Tensor packed, int64_t out_features);
-at::Tensor greedy_tokens(at::Tensor logits);
+#include "cpu_kernels.h"
+#include "decode_layers.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU)");
@@ -41,4 +24,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "One to eight rows of x times weights packed by amx_pack_weight, transposed, without tiles");
   m.def("greedy_tokens", &greedy_tokens, "Each row's first highest logit");
   m.def("few_rows_limit", &few_rows_limit, "The rows up to which few_rows_linear beats a bf16 GEMM here");
+  pybind11::class_<DecodeLayers>(m, "DecodeLayers", "Every decoder layer of a decode step in one call (AMX weights)")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
+      .def("add_layer", &DecodeLayers::add_layer)
+      .def("forward", &DecodeLayers::forward);
 }

@@ -14,6 +14,7 @@ from kernels.backend import AttentionBackend, AttentionMetadata, LayerOps
 from server.models.config import ModelConfig
 from server.models.layers import GatedActivation, LinearFactory, TokenEmbedding, Weights, rotary_tables
 from server.models.linear import Linear, SiluMulOfGateUp, silu_mul_fuses_into
+from server.models.one_call_decode import one_call_decode
 
 
 @dataclass
@@ -104,6 +105,7 @@ class DecoderModel:
         self.lm_head = weights.lm_head
         self.rotary = rotary_tables(config.layer_rope_thetas, config.head_dim, config.max_position_embeddings, device)
         self.activated_gate_ups = [self._activated(layer.mlp.gate_up) for layer in self.layers]
+        self.one_call_decode = one_call_decode(config, self.layers, self.norm, self.rotary, attention, layer_ops)
 
     @torch.inference_mode()
     def forward(
@@ -120,6 +122,8 @@ class DecoderModel:
         ops, eps = self.layer_ops, self.config.rms_norm_eps
         next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         normed = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
+        if self.one_call_decode is not None and meta.num_decode_tokens == input_ids.shape[0]:
+            return self.one_call_decode(hidden, normed, positions, kv_caches, meta)
         layers = zip(self.layers, next_norms, kv_caches, self.activated_gate_ups, strict=True)
         for index, (layer, next_norm, kv_cache, activated_gate_up) in enumerate(layers):
             attn, mlp = layer.attention, layer.mlp

@@ -1,0 +1,60 @@
+#include "decode_layers.h"
+
+#include "cpu_kernels.h"
+
+DecodeLayers::DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
+                           int64_t intermediate_size, double eps, double scale)
+    : num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      hidden_size_(hidden_size),
+      intermediate_size_(intermediate_size),
+      eps_(eps),
+      scale_(scale),
+      few_rows_(few_rows_limit()) {}
+
+void DecodeLayers::add_layer(at::Tensor qkv, at::Tensor o_proj, at::Tensor gate_up, at::Tensor down,
+                             at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor cos, at::Tensor sin,
+                             int64_t window) {
+  const auto outputs = [](const at::Tensor& packed) { return packed.dim() == 6 ? packed.size(0) * 32 : -1; };
+  TORCH_CHECK(outputs(qkv) >= (num_heads_ + 2 * num_kv_heads_) * head_dim_ && outputs(o_proj) >= hidden_size_ &&
+                  outputs(gate_up) >= 2 * intermediate_size_ && outputs(down) >= hidden_size_,
+              "add_layer takes weights packed by amx_pack_weight, of the model's sizes");
+  layers_.push_back({qkv, o_proj, gate_up, down, mlp_norm, next_norm, cos, sin, window});
+}
+
+// As AmxBf16WeightLinear (server/models/linear.py): the few-rows kernel up to its limit, else the tiles.
+at::Tensor DecodeLayers::linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) const {
+  return x.size(0) <= few_rows_ ? amx_few_rows_linear(x, packed, out_features)
+                                : amx_linear(x, packed, out_features);
+}
+
+// As SiluMulOfGateUp: the activation inside the AMX kernel, or after the few-rows kernel.
+at::Tensor DecodeLayers::swiglu(const at::Tensor& x, const at::Tensor& gate_up) const {
+  return x.size(0) <= few_rows_ ? silu_mul(amx_few_rows_linear(x, gate_up, 2 * intermediate_size_))
+                                : amx_silu_mul_linear(x, gate_up, intermediate_size_);
+}
+
+at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions,
+                                 const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+                                 at::Tensor slots, at::Tensor tables, at::Tensor lens) const {
+  TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
+              "one K and one V cache per layer");
+  const int64_t tokens = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  for (size_t index = 0; index < layers_.size(); ++index) {
+    const Layer& layer = layers_[index];
+    const at::Tensor qkv = linear(normed, layer.qkv, q_size + 2 * kv_size);
+    const at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
+    const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+    rotary_(q, k, positions, layer.cos, layer.sin);
+    store_kv(k, v, k_caches[index], v_caches[index], slots);
+    const at::Tensor attended =
+        paged_decode_attention(q, k_caches[index], v_caches[index], tables, lens, scale_, layer.window);
+    normed = add_rms_norm_(hidden, linear(attended.reshape({tokens, q_size}), layer.o_proj, hidden_size_),
+                           layer.mlp_norm, eps_);
+    normed = add_rms_norm_(hidden, linear(swiglu(normed, layer.gate_up), layer.down, hidden_size_),
+                           layer.next_norm, eps_);
+  }
+  return normed;
+}

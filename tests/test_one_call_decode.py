@@ -1,0 +1,69 @@
+"""Every layer of a decode step in one C++ call (server/models/one_call_decode.py): on AMX CPUs a bf16 SmolLM2
+takes it, and its tokens and logprobs are the Python layer loop's bit for bit, at one stream (the few-rows kernels)
+and at more than the few-rows limit (the tile kernels), over a bf16 and an fp8 KV cache. Where it cannot run (fp32
+weights, no AMX) the model keeps the Python loop, and the compiled loop refuses weights and caches it cannot take."""
+
+import pytest
+import torch
+
+from kernels import cpu
+from server import LLM
+from server.engine.request import SamplingParams
+
+COMPILED = cpu.load()
+AMX = COMPILED is not None and COMPILED.amx_linear_usable()
+needs_amx = pytest.mark.skipif(not AMX, reason="no AMX tiles here (or no C++ compiler): no AMX weights to take")
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "1, 2, 3, 4,",
+    "Explain gravity to a child.",
+    "def fibonacci(n):",
+    "The three primary colours are",
+    "Translate 'good morning' into Spanish:",
+    "A short story about a lighthouse keeper:",
+    "List three uses of copper.",
+]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=24, logprobs=3, ignore_eos=True)
+
+
+def _outputs(llm: LLM, prompts: list[str]) -> list[tuple[list[int], str]]:
+    return [(r.outputs[0].token_ids, repr(r.outputs[0].logprobs)) for r in llm.generate(prompts, PARAMS)]
+
+
+@needs_amx
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_a_bf16_model_on_amx_decodes_in_one_call_with_the_python_loops_bits(smollm_folder, kv_cache_dtype):
+    llm = LLM(model=str(smollm_folder), dtype="bfloat16", kv_cache_dtype=kv_cache_dtype, kv_cache_memory=64 * 2**20)
+    model = llm.engine.runner.model
+    one_call = model.one_call_decode
+    assert one_call is not None
+    for prompts in (PROMPTS[:1], PROMPTS):  # one row: the few-rows kernels; nine: the tile kernels
+        taken = _outputs(llm, prompts)
+        model.one_call_decode = None
+        try:
+            looped = _outputs(llm, prompts)
+        finally:
+            model.one_call_decode = one_call
+        assert all(logprobs != "None" for _, logprobs in taken)
+        assert taken == looped
+
+
+def test_fp32_weights_keep_the_python_loop(llm_fp32):
+    assert llm_fp32.engine.runner.model.one_call_decode is None
+
+
+@pytest.mark.skipif(COMPILED is None, reason="no C++ compiler: no compiled kernels")
+def test_the_compiled_loop_refuses_weights_and_caches_it_cannot_take():
+    layers = COMPILED.DecodeLayers(9, 3, 64, 576, 1536, 1e-5, 0.125)
+    norm = torch.ones(576, dtype=torch.bfloat16)
+    table = torch.zeros(16, 64)
+    plain = torch.zeros(960, 576, dtype=torch.bfloat16)  # not packed for the tiles
+    with pytest.raises(RuntimeError, match="packed by amx_pack_weight"):
+        layers.add_layer(plain, plain, plain, plain, norm, norm, table, table, 0)
+    hidden = torch.zeros(2, 576, dtype=torch.bfloat16)
+    caches = [torch.zeros(4, 16, 3, 64, dtype=torch.bfloat16)]
+    slots, tables, lens = torch.zeros(2, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int32), torch.ones(2)
+    with pytest.raises(RuntimeError, match="one K and one V cache per layer"):
+        layers.forward(hidden, hidden, torch.zeros(2, dtype=torch.int64), caches, caches, slots, tables, lens)
