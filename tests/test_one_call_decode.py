@@ -1,7 +1,8 @@
-"""Every layer of a decode step in one C++ call (server/models/one_call_decode.py): on AMX CPUs a bf16 SmolLM2
-takes it, and its tokens and logprobs are the Python layer loop's bit for bit, at one stream (the few-rows kernels)
-and at more than the few-rows limit (the tile kernels), over a bf16 and an fp8 KV cache. Where it cannot run (fp32
-weights, no AMX) the model keeps the Python loop, and the compiled loop refuses weights and caches it cannot take."""
+"""Every layer of a decode step in one C++ call (server/models/one_call_decode.py): a bf16 SmolLM2 takes it, over
+weights packed for AMX tiles (on AMX CPUs) or plain ones (the few-rows kernel and oneDNN, as on CPUs without AMX),
+and its tokens and logprobs are the Python layer loop's bit for bit, at one stream (the few-rows kernels) and at
+more than the few-rows limit, over a bf16 and an fp8 KV cache. Where it cannot run (fp32 weights) the model keeps
+the Python loop, and the compiled loop refuses weights and caches it cannot take."""
 
 import pytest
 import torch
@@ -32,14 +33,28 @@ def _outputs(llm: LLM, prompts: list[str]) -> list[tuple[list[int], str]]:
     return [(r.outputs[0].token_ids, repr(r.outputs[0].logprobs)) for r in llm.generate(prompts, PARAMS)]
 
 
-@needs_amx
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_a_bf16_model_on_amx_decodes_in_one_call_with_the_python_loops_bits(smollm_folder, kv_cache_dtype):
+needs_compiler = pytest.mark.skipif(COMPILED is None, reason="no C++ compiler: no compiled kernels")
+
+
+@pytest.mark.parametrize(
+    ("weights", "kv_cache_dtype"),
+    [
+        pytest.param("tiles", "auto", marks=needs_amx),
+        pytest.param("tiles", "fp8", marks=needs_amx),
+        pytest.param("plain", "auto", marks=needs_compiler),
+    ],
+)
+def test_a_bf16_model_decodes_in_one_call_with_the_python_loops_bits(smollm_folder, monkeypatch, weights,
+                                                                      kv_cache_dtype):
+    if weights == "plain":  # as on a CPU without AMX
+        monkeypatch.setattr(COMPILED, "amx_linear_usable", lambda: False)
     llm = LLM(model=str(smollm_folder), dtype="bfloat16", kv_cache_dtype=kv_cache_dtype, kv_cache_memory=64 * 2**20)
     model = llm.engine.runner.model
+    assert type(model.layers[0].attention.qkv).__name__ == ("AmxBf16WeightLinear" if weights == "tiles"
+                                                             else "Bf16WeightLinear")
     one_call = model.one_call_decode
     assert one_call is not None
-    for prompts in (PROMPTS[:1], PROMPTS):  # one row: the few-rows kernels; nine: the tile kernels
+    for prompts in (PROMPTS[:1], PROMPTS):  # one row: the few-rows kernels; nine: the tiles or oneDNN
         taken = _outputs(llm, prompts)
         model.one_call_decode = None
         try:
@@ -54,14 +69,14 @@ def test_fp32_weights_keep_the_python_loop(llm_fp32):
     assert llm_fp32.engine.runner.model.one_call_decode is None
 
 
-@pytest.mark.skipif(COMPILED is None, reason="no C++ compiler: no compiled kernels")
+@needs_compiler
 def test_the_compiled_loop_refuses_weights_and_caches_it_cannot_take():
     layers = COMPILED.DecodeLayers(9, 3, 64, 576, 1536, 1e-5, 0.125)
     norm = torch.ones(576, dtype=torch.bfloat16)
     table = torch.zeros(16, 64)
-    plain = torch.zeros(960, 576, dtype=torch.bfloat16)  # not packed for the tiles
-    with pytest.raises(RuntimeError, match="packed by amx_pack_weight"):
-        layers.add_layer(plain, plain, plain, plain, norm, norm, table, table, 0)
+    wrong = torch.zeros(960, 576, dtype=torch.bfloat16)  # Q/K/V's size everywhere
+    with pytest.raises(RuntimeError, match="of the model's sizes"):
+        layers.add_layer(wrong, wrong, wrong, wrong, norm, norm, table, table, 0)
     hidden = torch.zeros(2, 576, dtype=torch.bfloat16)
     caches = [torch.zeros(4, 16, 3, 64, dtype=torch.bfloat16)]
     slots, tables, lens = torch.zeros(2, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int32), torch.ones(2)

@@ -16,23 +16,31 @@ DecodeLayers::DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head
 void DecodeLayers::add_layer(at::Tensor qkv, at::Tensor o_proj, at::Tensor gate_up, at::Tensor down,
                              at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor cos, at::Tensor sin,
                              int64_t window) {
-  const auto outputs = [](const at::Tensor& packed) { return packed.dim() == 6 ? packed.size(0) * 32 : -1; };
-  TORCH_CHECK(outputs(qkv) >= (num_heads_ + 2 * num_kv_heads_) * head_dim_ && outputs(o_proj) >= hidden_size_ &&
-                  outputs(gate_up) >= 2 * intermediate_size_ && outputs(down) >= hidden_size_,
-              "add_layer takes weights packed by amx_pack_weight, of the model's sizes");
+  const auto fits = [](const at::Tensor& weight, int64_t outputs) {
+    if (weight.scalar_type() != at::kBFloat16 || !weight.is_contiguous()) return false;
+    if (weight.dim() == 2) return weight.size(0) == outputs;
+    return weight.dim() == 6 && weight.size(0) == (outputs + 31) / 32;
+  };
+  TORCH_CHECK(fits(qkv, (num_heads_ + 2 * num_kv_heads_) * head_dim_) && fits(o_proj, hidden_size_) &&
+                  fits(gate_up, 2 * intermediate_size_) && fits(down, hidden_size_),
+              "add_layer takes bf16 weights, [N, K] or packed by amx_pack_weight, of the model's sizes");
   layers_.push_back({qkv, o_proj, gate_up, down, mlp_norm, next_norm, cos, sin, window});
 }
 
-// As AmxBf16WeightLinear (server/models/linear.py): the few-rows kernel up to its limit, else the tiles.
-at::Tensor DecodeLayers::linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) const {
-  return x.size(0) <= few_rows_ ? amx_few_rows_linear(x, packed, out_features)
-                                : amx_linear(x, packed, out_features);
+// As the model's bf16 linears (server/models/linear.py) choose: weights packed for the tiles (AmxBf16WeightLinear)
+// take the few-rows kernel over that layout up to its limit and the tiles above it; plain [N, K] weights
+// (Bf16WeightLinear) the few-rows kernel and oneDNN's GEMM.
+at::Tensor DecodeLayers::linear(const at::Tensor& x, const at::Tensor& weight, int64_t out_features) const {
+  const bool few = x.size(0) <= few_rows_;
+  if (weight.dim() == 2) return few ? few_rows_linear(x, weight) : at::linear(x, weight);
+  return few ? amx_few_rows_linear(x, weight, out_features) : amx_linear(x, weight, out_features);
 }
 
-// As SiluMulOfGateUp: the activation inside the AMX kernel, or after the few-rows kernel.
+// As SiluMulOfGateUp where the decoder takes it (tile weights, more rows than the few-rows kernel's), the
+// activation inside the AMX kernel; elsewhere the layer, then the activation.
 at::Tensor DecodeLayers::swiglu(const at::Tensor& x, const at::Tensor& gate_up) const {
-  return x.size(0) <= few_rows_ ? silu_mul(amx_few_rows_linear(x, gate_up, 2 * intermediate_size_))
-                                : amx_silu_mul_linear(x, gate_up, intermediate_size_);
+  if (gate_up.dim() == 6 && x.size(0) > few_rows_) return amx_silu_mul_linear(x, gate_up, intermediate_size_);
+  return silu_mul(linear(x, gate_up, 2 * intermediate_size_));
 }
 
 at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions,

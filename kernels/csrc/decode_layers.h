@@ -1,7 +1,8 @@
 // Every decoder layer of a decode step in one call from Python, for llama-style layers (no biases, no Q/K or
-// output norms, SwiGLU) whose linears are packed for AMX tiles (amx_pack_weight). It calls the kernels that
-// server/models/decoder.py calls, in the same order and on the same tensors, so its result is the same bits; what
-// it saves is Python's part of each layer (about 7 ms of a 48-65 ms decode step at batch 64 on two Xeon cores).
+// output norms, SwiGLU) over bf16 weights, plain or packed for AMX tiles (amx_pack_weight). It calls the kernels
+// that server/models/decoder.py calls, in the same order and on the same tensors, so its result is the same bits;
+// what it saves is Python's part of each layer (about 7 ms of a 48-65 ms decode step at batch 64 on two Xeon
+// cores).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,8 +14,8 @@ class DecodeLayers {
   DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
                int64_t intermediate_size, double eps, double scale);
 
-  // The next layer, given in order: packed weights of Q/K/V, the output projection, gate/up (gate's rows first) and
-  // down; the norm before its MLP and the one after it (the next layer's input norm, or the final norm); its RoPE
+  // The next layer, given in order: the bf16 weights ([N, K], or packed) of Q/K/V, the output projection, gate/up
+  // (gate's rows first) and down; the norm before its MLP and the one after it (the next layer's input norm, or the final norm); its RoPE
   // tables; its attention window (0 for none).
   void add_layer(at::Tensor qkv, at::Tensor o_proj, at::Tensor gate_up, at::Tensor down, at::Tensor mlp_norm,
                  at::Tensor next_norm, at::Tensor cos, at::Tensor sin, int64_t window);
@@ -32,7 +33,7 @@ class DecodeLayers {
     int64_t window;
   };
 
-  at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) const;
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t out_features) const;
   at::Tensor swiglu(const at::Tensor& x, const at::Tensor& gate_up) const;
 
   int64_t num_heads_, num_kv_heads_, head_dim_, hidden_size_, intermediate_size_;

@@ -1,8 +1,8 @@
 """Every decoder layer of a decode step in one C++ call (kernels/csrc/decode_layers.h), for plain llama-style
-layers over AMX weights with the CPU kernels running attention and the layer ops. Between its kernels
-``DecoderModel.forward`` spends Python's time on each layer: about 7 ms of a 48-65 ms decode step at batch 64 on two
-Xeon cores. The C++ loop calls the same kernels in the same order on the same tensors, so its result is the same
-bits."""
+layers over bf16 weights (packed for AMX tiles, or plain for the few-rows kernel and oneDNN) with the CPU kernels
+running attention and the layer ops. Between its kernels ``DecoderModel.forward`` spends Python's time on each
+layer: about 7 ms of a 48-65 ms decode step at batch 64 on two Xeon cores. The C++ loop calls the same kernels in
+the same order on the same tensors, so its result is the same bits."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from kernels.backend import AttentionBackend, AttentionMetadata, CpuAttention, LayerOps
 from server.models.config import ModelConfig
 from server.models.layers import RotaryEmbedding
-from server.models.linear import AmxBf16WeightLinear, silu_mul_fuses_into
+from server.models.linear import AmxBf16WeightLinear, Bf16WeightLinear, silu_mul_fuses_into
 
 if TYPE_CHECKING:
     from server.models.decoder import DecoderLayer
@@ -51,7 +51,8 @@ def one_call_decode(
     layer_ops: LayerOps,
 ) -> OneCallDecode | None:
     """The one-call loop over ``layers``, or None where a layer needs what only the Python loop does (biases,
-    QK-norm, output norms, GeGLU, weights not on AMX tiles, another attention backend or tensor parallelism)."""
+    QK-norm, output norms, GeGLU, weights other than bf16 ones, another attention backend or tensor
+    parallelism)."""
     if not isinstance(attention, CpuAttention) or layer_ops.name != "cpu" or config.hidden_act != "silu":
         return None
     if not layers or not all(_plain(layer, config) for layer in layers):
@@ -64,23 +65,35 @@ def one_call_decode(
     for layer, next_norm, table, window in zip(layers, next_norms, rotary, config.layer_windows, strict=True):
         attn, mlp = layer.attention, layer.mlp
         compiled.add_layer(
-            attn.qkv.packed, attn.o_proj.packed, mlp.gate_up.packed, mlp.down.packed, layer.mlp_norm, next_norm,
-            table.cos, table.sin, window or 0,
+            _weight(attn.qkv), _weight(attn.o_proj), _weight(mlp.gate_up), _weight(mlp.down), layer.mlp_norm,
+            next_norm, table.cos, table.sin, window or 0,
         )
     return OneCallDecode(compiled)
 
 
+def _weight(linear: AmxBf16WeightLinear | Bf16WeightLinear) -> torch.Tensor:
+    """What the compiled loop multiplies by: the tile layout, or the plain [out, in] matrix."""
+    return linear.packed if isinstance(linear, AmxBf16WeightLinear) else linear.weight
+
+
+def _out_features(linear: AmxBf16WeightLinear | Bf16WeightLinear) -> int:
+    return linear.out_features if isinstance(linear, AmxBf16WeightLinear) else linear.weight.shape[0]
+
+
 def _plain(layer: DecoderLayer, config: ModelConfig) -> bool:
-    """A llama-style layer whose four linears are AMX-packed at the model's full sizes (not a rank's share)."""
+    """A llama-style layer whose four linears are bf16 at the model's full sizes (not a rank's share), with SwiGLU
+    inside the gate/up kernel wherever the decoder puts it there."""
     attn, mlp = layer.attention, layer.mlp
     linears = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down)
-    if not all(type(linear) is AmxBf16WeightLinear for linear in linears) or not silu_mul_fuses_into(mlp.gate_up):
+    if not all(type(linear) in (AmxBf16WeightLinear, Bf16WeightLinear) for linear in linears):
+        return False
+    if isinstance(mlp.gate_up, AmxBf16WeightLinear) and not silu_mul_fuses_into(mlp.gate_up):
         return False
     extras = (attn.qkv_bias, attn.q_norm, attn.k_norm, attn.output_norm, mlp.output_norm)
     heads = config.num_attention_heads + 2 * config.num_key_value_heads
     return (
         all(extra is None for extra in extras)
-        and attn.qkv.out_features == heads * config.head_dim
-        and attn.o_proj.out_features == mlp.down.out_features == config.hidden_size
-        and mlp.gate_up.out_features == 2 * config.intermediate_size
+        and _out_features(attn.qkv) == heads * config.head_dim
+        and _out_features(attn.o_proj) == _out_features(mlp.down) == config.hidden_size
+        and _out_features(mlp.gate_up) == 2 * config.intermediate_size
     )
