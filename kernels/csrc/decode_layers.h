@@ -15,17 +15,17 @@ class DecodeLayers {
                int64_t intermediate_size, double eps, double scale);
 
   // The next layer, given in order: the bf16 weights ([N, K], or packed) of Q/K/V, the output projection, gate/up
-  // (gate's rows first) and down; the norm before its MLP and the one after it (the next layer's input norm, or the final norm); its RoPE
-  // tables; its attention window (0 for none).
+  // (gate's rows first) and down; the norm before its MLP and the one after it (the next layer's input norm, or the
+  // final norm); its RoPE tables; its attention window (0 for none).
   void add_layer(at::Tensor qkv, at::Tensor o_proj, at::Tensor gate_up, at::Tensor down, at::Tensor mlp_norm,
                  at::Tensor next_norm, at::Tensor cos, at::Tensor sin, int64_t window);
 
   // One query token per row of hidden ([tokens, hidden_size], the residual stream, updated in place); normed is its
   // first input norm. The KV caches are the layers' in order; slots, tables and lens are the step's attention
   // metadata for decode. Returns the last layer's output after the final norm.
-  at::Tensor forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions, const std::vector<at::Tensor>& k_caches,
-                     const std::vector<at::Tensor>& v_caches, at::Tensor slots, at::Tensor tables,
-                     at::Tensor lens) const;
+  at::Tensor forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions,
+                     const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+                     at::Tensor slots, at::Tensor tables, at::Tensor lens) const;
 
  private:
   struct Layer {

@@ -120,10 +120,10 @@ class DecoderModel:
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
         ops, eps = self.layer_ops, self.config.rms_norm_eps
-        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         normed = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
         if self.one_call_decode is not None and meta.num_decode_tokens == input_ids.shape[0]:
             return self.one_call_decode(hidden, normed, positions, kv_caches, meta)
+        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         layers = zip(self.layers, next_norms, kv_caches, self.activated_gate_ups, strict=True)
         for index, (layer, next_norm, kv_cache, activated_gate_up) in enumerate(layers):
             attn, mlp = layer.attention, layer.mlp
