@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from kernels import huge_pages
 from server.distributed.channel import Channel
 from server.distributed.group import TensorParallelGroup, join_group, leave_group, open_store, rank_device
 from server.distributed.launch import COMMAND_ADDRESS_KEY
@@ -64,7 +65,7 @@ def allocate_kv_caches(setup: RankSetup, size: int, num_blocks: int, device: tor
     shape = (num_blocks, setup.config.block_size, config.num_key_value_heads, config.head_dim)
     dtype = setup.precision.kv_dtype
     return [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        (huge_pages.zeros_on(device, shape, dtype), huge_pages.zeros_on(device, shape, dtype))
         for _ in range(config.num_hidden_layers)
     ]
 

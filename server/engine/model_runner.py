@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels import huge_pages
 from kernels.backend import AttentionBatch, AttentionMetadata
 from server.engine.logprobs import gather_logprobs
 from server.engine.request import TokenLogprob
@@ -58,7 +59,7 @@ class ModelRunner:
         self.device = device
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            (huge_pages.zeros_on(device, shape, dtype), huge_pages.zeros_on(device, shape, dtype))
             for _ in range(cfg.num_hidden_layers)
         ]
         self.sampler = Sampler(model.layer_ops.greedy_tokens)

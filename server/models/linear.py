@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu, reference
+from kernels import cpu, huge_pages, reference
 from server.models.quantization import QuantizedWeight, quantize
 
 
@@ -45,7 +45,7 @@ class Bf16WeightLinear(DenseLinear):
     def __init__(
         self, weight: torch.Tensor, few_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], max_rows: int
     ) -> None:
-        super().__init__(weight)
+        super().__init__(huge_pages.copy(weight))
         self.few_rows = few_rows
         self.max_rows = max_rows
 
@@ -70,7 +70,7 @@ class AmxBf16WeightLinear:
     def __init__(self, weight: torch.Tensor, compiled: ModuleType) -> None:
         self.out_features = weight.shape[0]
         self.nbytes = weight.nbytes
-        self.packed = compiled.amx_pack_weight(weight)
+        self.packed = huge_pages.copy(compiled.amx_pack_weight(weight))
         self.max_rows = compiled.few_rows_limit()
         self.amx_few_rows_linear = compiled.amx_few_rows_linear
         self.amx_linear = compiled.amx_linear
