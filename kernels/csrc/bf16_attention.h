@@ -58,13 +58,14 @@ inline void token_rows(const int32_t* table, int64_t first, int64_t len, int64_t
   }
 }
 
-// scores[0:n] = scale * q . K[rows[0:n]] for one query head and up to 16 tokens; q is `vectors` x 32 bf16.
+// scores[0:n] = scale * q . K[rows[0:n]] for one query head and up to 16 tokens; q is `vectors` x 32 bf16. rows
+// holds 16 entries, those past n repeating a valid row.
 template <int64_t Vectors, typename Cache>
 inline void key_scores(const Cache* keys, const int64_t* rows, int n, const __m512bh* q, float scale,
                        float* scores) {
   __m512 partial[kChunk];
   for (int i = 0; i < kChunk; ++i) {
-    const Cache* row = keys + rows[std::min(i, n - 1)];
+    const Cache* row = keys + rows[i];
     __m512 acc = _mm512_setzero_ps();
     for (int64_t j = 0; j < Vectors; ++j) acc = _mm512_dpbf16_ps(acc, q[j], load32_bf16(row + 32 * j));
     partial[i] = acc;
@@ -90,28 +91,35 @@ inline void prefetch_block(const Cache* cache, const int32_t* table, int64_t tok
 }
 
 // out[h][c:c+16*Vectors] = sum over t of weights[h][t] * V[t][c:c+16*Vectors] for `Heads` query heads sharing
-// these values, rounded to bf16 once at the end.
-template <int64_t Heads, int Vectors, typename Cache>
+// these values, rounded to bf16 once at the end. The accumulators are one flat array under int loops unrolled by
+// pragma: as [Heads][Vectors] under int64_t loops, GCC 12 kept them in registers but also stored all of them to
+// the stack on every token (12 stores of 64 bytes against 12 FMAs).
+template <int Heads, int Vectors, typename Cache>
 void weighted_values(const Cache* values, const int64_t* rows, int64_t span, const float* weights, int64_t column,
                      bf16* const* out) {
-  __m512 acc[Heads][Vectors];
-  for (auto& head : acc)
-    for (auto& lanes : head) lanes = _mm512_setzero_ps();
+  __m512 acc[Heads * Vectors];
+#pragma GCC unroll 16
+  for (int i = 0; i < Heads * Vectors; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t t = 0; t < span; ++t) {
     const Cache* row = values + rows[t] + column;
     if (t + kChunk < span)
+#pragma GCC unroll 4
       for (int k = 0; k < Vectors; k += 2)
         _mm_prefetch(reinterpret_cast<const char*>(values + rows[t + kChunk] + column + 16 * k), _MM_HINT_T0);
     __m512 v[Vectors];
+#pragma GCC unroll 4
     for (int k = 0; k < Vectors; ++k) v[k] = load16_unscaled(row + 16 * k);
-    for (int64_t h = 0; h < Heads; ++h) {
+#pragma GCC unroll 4
+    for (int h = 0; h < Heads; ++h) {
       const __m512 w = _mm512_set1_ps(weights[h * span + t]);
-      for (int k = 0; k < Vectors; ++k) acc[h][k] = _mm512_fmadd_ps(w, v[k], acc[h][k]);
+#pragma GCC unroll 4
+      for (int k = 0; k < Vectors; ++k) acc[h * Vectors + k] = _mm512_fmadd_ps(w, v[k], acc[h * Vectors + k]);
     }
   }
   const __m512 factor = _mm512_set1_ps(unscaled_factor<Cache>);
-  for (int64_t h = 0; h < Heads; ++h)
-    for (int k = 0; k < Vectors; ++k) store16(out[h] + column + 16 * k, _mm512_mul_ps(acc[h][k], factor));
+#pragma GCC unroll 16
+  for (int i = 0; i < Heads * Vectors; ++i)
+    store16(out[i / Vectors] + column + 16 * (i % Vectors), _mm512_mul_ps(acc[i], factor));
 }
 
 // The value pass of query rows that share their values (a KV head's query heads, with each row's weights over the
@@ -134,10 +142,12 @@ inline void weighted_values(const Cache* values, const int64_t* rows, int64_t sp
   }
 }
 
-// A thread's working memory for score_rows: the queries as bf16 pairs, and a chunk of fp8 keys widened to bf16.
+// A thread's working memory for score_rows: the queries as bf16 pairs, a chunk of fp8 keys widened to bf16, and
+// which of a chunk's rows each query row prefetches.
 struct ScoreScratch {
   std::vector<__m512bh> query;
   std::vector<bf16> keys;
+  std::vector<int> prefetch_shares;
 };
 
 // to[0:n] = from[0:n] in bf16, n a multiple of 32.
@@ -171,18 +181,26 @@ void score_rows(const bf16* const* queries, const Cache* const* keys, int64_t co
     scratch.keys.resize(kChunk * run);
     for (int i = 0; i < kChunk; ++i) chunk_rows[i] = i * run;
   }
+  // The next chunk's rows are fetched a few at a time between this chunk's reads, not all at once: a burst of
+  // prefetches stalls on the core's few outstanding-miss slots and holds up the reads behind it (7-9% of decode
+  // attention from memory, on two Xeon cores). Query row r fetches rows shares[r] to shares[r + 1] of a whole chunk.
+  std::vector<int>& shares = scratch.prefetch_shares;
+  shares.resize(count + 1);
+  for (int64_t r = 0; r <= count; ++r) shares[r] = static_cast<int>(kChunk * r / count);
   for (int64_t start = 0; start < span; start += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, span - start));
-    // The next chunk's rows are fetched a few at a time between this chunk's reads, not all at once: a burst of
-    // prefetches stalls on the core's few outstanding-miss slots and holds up the reads behind it (7-9% of decode
-    // attention from memory, on two Xeon cores).
     const int ahead = static_cast<int>(std::clamp<int64_t>(span - start - kChunk, 0, kChunk));
     const int64_t* next = rows + std::min<int64_t>(start + kChunk, span);
     if constexpr (std::is_same_v<Cache, bf16>) {
+      const int64_t* chunk = rows + start;
+      if (n < kChunk) {  // the last rows, repeated up to 16
+        for (int i = 0; i < kChunk; ++i) chunk_rows[i] = rows[start + std::min(i, n - 1)];
+        chunk = chunk_rows;
+      }
       for (int64_t r = 0; r < count; ++r) {
-        const int64_t from = ahead * r / count, to = ahead * (r + 1) / count;
-        prefetch_rows(prefetched, next + from, static_cast<int>(to - from), row_bytes);
-        key_scores<Vectors>(keys[r], rows + start, n, &query[r * Vectors], scale, scores + r * span + start);
+        const int from = std::min(shares[r], ahead), to = std::min(shares[r + 1], ahead);
+        prefetch_rows(prefetched, next + from, to - from, row_bytes);
+        key_scores<Vectors>(keys[r], chunk, n, &query[r * Vectors], scale, scores + r * span + start);
       }
     } else {
       for (int i = 0; i < n; ++i) {
