@@ -4,19 +4,19 @@ to concurrent streaming clients over 127.0.0.1, in one run; prints both and thei
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
+from server.bench.cpu_time import main_thread_cpu_s, process_cpu_s
 from server.bench.local_server import LocalServer
 from server.bench.offline import Throughput, describe_engine, random_prompts, time_engine
+from server.bench.stream_client import post_stream
 from server.engine.builder import build_engine
 from server.engine_args import engine_config_from_args, engine_flags
 
@@ -27,46 +27,37 @@ REQUEST_TIMEOUT_S = 3600.0
 WARM_UP_TOKENS = 4
 
 
-async def stream_completion(client: httpx.AsyncClient, prompt: list[int], output_len: int) -> int:
+async def stream_completion(base_url: str, prompt: list[int], output_len: int) -> int:
     """One streaming request; returns the completion tokens its final usage chunk reports."""
     body = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
-    usage = None
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            # Only the last chunk carries usage, and an error replaces it: the client stays light, so that it
-            # takes as little CPU as it can from the server it measures.
-            if line.startswith('data: {"error"'):
-                raise RuntimeError(f"the server failed a request: {line}")
-            if '"usage":{' in line:
-                usage = json.loads(line.removeprefix("data: "))["usage"]
+    streamed = await post_stream(base_url, "/v1/completions", body)
+    usage = streamed.last_json().get("usage") if streamed.done else None
     if usage is None:
-        raise RuntimeError("a stream ended without its usage chunk")
+        raise RuntimeError("a stream ended without its usage chunk and [DONE]")
     return usage["completion_tokens"]
 
 
 async def time_clients(base_url: str, prompts: list[list[int]], output_len: int) -> Throughput:
     """All prompts at once, each from its own streaming client connection."""
-    limits = httpx.Limits(max_connections=len(prompts), max_keepalive_connections=len(prompts))
-    async with httpx.AsyncClient(base_url=base_url, timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
-        started = time.perf_counter()
-        produced = await asyncio.gather(*(stream_completion(client, p, output_len) for p in prompts))
-        seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    streams = asyncio.gather(*(stream_completion(base_url, p, output_len) for p in prompts))
+    produced = await asyncio.wait_for(streams, REQUEST_TIMEOUT_S)
+    seconds = time.perf_counter() - started
     if any(count != output_len for count in produced):
         raise RuntimeError(f"expected {output_len} tokens from every stream, got {sorted(set(produced))}")
     return Throughput(f"HTTP, {len(prompts)} streaming clients", sum(produced), seconds)
 
 
 @contextlib.contextmanager
-def running_server(args: argparse.Namespace) -> Iterator[str]:
-    """``python -m server serve`` with this run's engine flags on a free port; yields its base URL."""
+def running_server(args: argparse.Namespace) -> Iterator[LocalServer]:
+    """``python -m server serve`` with this run's engine flags on a free port."""
     with tempfile.NamedTemporaryFile(prefix="vigil-bench-http-", suffix=".log", delete=False) as log:
         log_path = Path(log.name)
     server = LocalServer(engine_flags(engine_config_from_args(args)), log_path, env=dict(os.environ))
     try:
         server.wait_ready(READY_TIMEOUT_S)
-        yield server.base_url
+        yield server
     except BaseException:
         print(f"server log kept in {log_path}", file=sys.stderr)
         raise
@@ -74,6 +65,38 @@ def running_server(args: argparse.Namespace) -> Iterator[str]:
         log_path.unlink()
     finally:
         server.stop()
+
+
+@dataclass
+class CpuPerToken:
+    """CPU microseconds per output token over the HTTP rounds: on two cores, the client's and the server's event
+    loop's come out of the engine's share, so they say what HTTP costs."""
+
+    client_s: float = 0.0
+    server_loop_s: float = 0.0
+    server_s: float = 0.0
+    tokens: int = 0
+
+    def add_round(self, server_pid: int, base_url: str, prompts: list[list[int]], output_len: int) -> Throughput:
+        client, loop, whole = _own_cpu_s(), main_thread_cpu_s(server_pid), process_cpu_s(server_pid)
+        served = asyncio.run(time_clients(base_url, prompts, output_len))
+        self.client_s += _own_cpu_s() - client
+        self.server_loop_s += main_thread_cpu_s(server_pid) - loop
+        self.server_s += process_cpu_s(server_pid) - whole
+        self.tokens += served.output_tokens
+        return served
+
+    def line(self) -> str:
+        def us(seconds: float) -> str:
+            return f"{seconds / self.tokens * 1e6:.0f} µs"
+
+        return (f"CPU per output token over HTTP: client {us(self.client_s)}, server event loop "
+                f"{us(self.server_loop_s)}, server in all {us(self.server_s)}")
+
+
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def total(label: str, results: list[Throughput]) -> Throughput:
@@ -89,12 +112,13 @@ def run(args: argparse.Namespace) -> int:
     time_engine(engine, warm_up, WARM_UP_TOKENS)
     offline: list[Throughput] = []
     served: list[Throughput] = []
-    with running_server(args) as base_url:
-        asyncio.run(time_clients(base_url, warm_up, WARM_UP_TOKENS))
+    cpu = CpuPerToken()
+    with running_server(args) as server:
+        asyncio.run(time_clients(server.base_url, warm_up, WARM_UP_TOKENS))
         for round_index in range(args.rounds):
             prompts = random_prompts(args.num_prompts, args.input_len, engine.vocab_size, args.seed + round_index)
             offline.append(time_engine(engine, prompts, args.output_len))
-            served.append(asyncio.run(time_clients(base_url, prompts, args.output_len)))
+            served.append(cpu.add_round(server.process.pid, server.base_url, prompts, args.output_len))
     print(f"\nbench http: {describe_engine(engine)}, {args.num_prompts} requests, "
           f"{args.input_len} prompt tokens, {args.output_len} output tokens, greedy, ignore_eos")
     print(f"{'':12} {'offline tok/s':>14} {f'HTTP ({args.num_prompts} streams) tok/s':>26} {'HTTP ÷ offline':>15}")
@@ -104,4 +128,5 @@ def run(args: argparse.Namespace) -> int:
     for label, o, h in rows:
         print(f"{label:12} {o.tokens_per_second:14.1f} {h.tokens_per_second:26.1f} "
               f"{h.tokens_per_second / o.tokens_per_second:15.1%}")
+    print(cpu.line())
     return 0
