@@ -1,6 +1,7 @@
 """AsyncEngine on a tiny random Llama: the loop thread, streams, batching per step, abort, failure and stop."""
 
 import asyncio
+import gc
 import threading
 import time
 
@@ -102,6 +103,22 @@ def test_the_idle_loop_blocks_instead_of_spinning(tiny_folder):
         return len(polls)
 
     assert run(body, engine) <= 2
+
+
+def test_what_exists_when_the_loop_starts_is_kept_out_of_full_collections(tiny_folder):
+    gc.unfreeze()
+    llm_engine = make_engine(tiny_folder)
+    engine = AsyncEngine(llm_engine)
+
+    async def body():
+        await engine.add(requests_for(engine, "frozen")[:1])  # answered only once the loop thread serves
+        return gc.get_freeze_count()
+
+    try:
+        frozen = run(body, engine)
+        assert frozen > 10_000  # torch, the model, the tests' own objects: all of them
+    finally:
+        gc.unfreeze()
 
 
 def test_a_group_is_admitted_whole_or_not_at_all(tiny_folder):

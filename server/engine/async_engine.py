@@ -11,6 +11,7 @@ Each step's outputs go back to the event loop in one ``call_soon_threadsafe`` ca
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import queue
@@ -253,6 +254,10 @@ class AsyncEngine:
                 logger.debug("the engine failed to load", exc_info=error)
                 self.load_error = error
                 self._error = f"{type(error).__name__}: {error}"
+        # What exists now (the model, torch, the app) lives as long as the server. Left in the collector's care,
+        # each full collection walks all of it, some 260K objects and 50-100 ms with the GIL held, during which
+        # every stream stalls; frozen, a collection walks only what requests have made since.
+        gc.freeze()
         while True:
             try:
                 self._serve_commands()
