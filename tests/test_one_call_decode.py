@@ -1,8 +1,9 @@
 """Every layer of a decode step in one C++ call (server/models/one_call_decode.py): a bf16 SmolLM2 takes it, over
 weights packed for AMX tiles (on AMX CPUs) or plain ones (the few-rows kernel and oneDNN, as on CPUs without AMX),
 and its tokens and logprobs are the Python layer loop's bit for bit, at one stream (the few-rows kernels) and at
-more than the few-rows limit, over a bf16 and an fp8 KV cache. Where it cannot run (fp32 weights) the model keeps
-the Python loop, and the compiled loop refuses weights and caches it cannot take."""
+more than the few-rows limit, over a bf16 and an fp8 KV cache; an fp32 SmolLM2 over fbgemm's fp16 weights (the default
+where fp32 computes) takes it too, over an fp16 KV cache. Where it cannot run (fp32 weights) the model keeps the
+Python loop, and the compiled loop refuses weights and caches it cannot take."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from kernels import cpu
 from server import LLM
 from server.engine.request import SamplingParams
+from server.models.linear import fp16_weight_gemm_available
 
 COMPILED = cpu.load()
 AMX = COMPILED is not None and COMPILED.amx_linear_usable()
@@ -33,7 +35,24 @@ def _outputs(llm: LLM, prompts: list[str]) -> list[tuple[list[int], str]]:
     return [(r.outputs[0].token_ids, repr(r.outputs[0].logprobs)) for r in llm.generate(prompts, PARAMS)]
 
 
+def _assert_one_call_gives_the_loops_outputs(llm: LLM) -> None:
+    model = llm.engine.runner.model
+    one_call = model.one_call_decode
+    assert one_call is not None
+    for prompts in (PROMPTS[:1], PROMPTS):  # one row: the few-rows kernels; nine: the tiles, oneDNN or fbgemm
+        taken = _outputs(llm, prompts)
+        model.one_call_decode = None
+        try:
+            looped = _outputs(llm, prompts)
+        finally:
+            model.one_call_decode = one_call
+        assert all(logprobs != "None" for _, logprobs in taken)
+        assert taken == looped
+
+
 needs_compiler = pytest.mark.skipif(COMPILED is None, reason="no C++ compiler: no compiled kernels")
+needs_fbgemm = pytest.mark.skipif(COMPILED is None or not fp16_weight_gemm_available(),
+                                  reason="no C++ compiler or no fbgemm: no fp16 weights under fp32")
 
 
 @pytest.mark.parametrize(
@@ -52,17 +71,16 @@ def test_a_bf16_model_decodes_in_one_call_with_the_python_loops_bits(smollm_fold
     model = llm.engine.runner.model
     assert type(model.layers[0].attention.qkv).__name__ == ("AmxBf16WeightLinear" if weights == "tiles"
                                                              else "Bf16WeightLinear")
-    one_call = model.one_call_decode
-    assert one_call is not None
-    for prompts in (PROMPTS[:1], PROMPTS):  # one row: the few-rows kernels; nine: the tiles or oneDNN
-        taken = _outputs(llm, prompts)
-        model.one_call_decode = None
-        try:
-            looped = _outputs(llm, prompts)
-        finally:
-            model.one_call_decode = one_call
-        assert all(logprobs != "None" for _, logprobs in taken)
-        assert taken == looped
+    _assert_one_call_gives_the_loops_outputs(llm)
+
+
+@needs_fbgemm
+def test_an_fp32_model_over_fp16_weights_decodes_in_one_call_with_the_python_loops_bits(smollm_folder):
+    llm = LLM(model=str(smollm_folder), dtype="float32", kv_cache_memory=64 * 2**20)
+    model = llm.engine.runner.model
+    assert type(model.layers[0].attention.qkv).__name__ == "Fp16WeightLinear"
+    assert llm.engine.runner.kv_caches[0][0].dtype == torch.float16
+    _assert_one_call_gives_the_loops_outputs(llm)
 
 
 def test_fp32_weights_keep_the_python_loop(llm_fp32):
@@ -77,6 +95,8 @@ def test_the_compiled_loop_refuses_weights_and_caches_it_cannot_take():
     wrong = torch.zeros(960, 576, dtype=torch.bfloat16)  # Q/K/V's size everywhere
     with pytest.raises(RuntimeError, match="of the model's sizes"):
         layers.add_layer(wrong, wrong, wrong, wrong, norm, norm, table, table, 0)
+    with pytest.raises(RuntimeError):  # a tensor where fbgemm's packed weight belongs
+        layers.add_fp16_layer(wrong, wrong, wrong, wrong, norm, norm, table, table, 0)
     hidden = torch.zeros(2, 576, dtype=torch.bfloat16)
     caches = [torch.zeros(4, 16, 3, 64, dtype=torch.bfloat16)]
     slots, tables, lens = torch.zeros(2, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int32), torch.ones(2)

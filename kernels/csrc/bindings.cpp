@@ -1,8 +1,18 @@
 // The Python module of the CPU kernels: one extension, built once by kernels/cpu.py.
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include "cpu_kernels.h"
 #include "decode_layers.h"
+
+namespace {
+
+// What quantized::linear_prepack_fp16 returns (a torch.ScriptObject), as the C++ object it holds.
+PackedFp16Weight packed_fp16_weight(const pybind11::object& packed) {
+  return torch::jit::toIValue(packed, c10::AnyType::get()).toCustomClass<LinearPackedParamsBase>();
+}
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU)");
@@ -24,8 +34,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "One to eight rows of x times weights packed by amx_pack_weight, transposed, without tiles");
   m.def("greedy_tokens", &greedy_tokens, "Each row's first highest logit");
   m.def("few_rows_limit", &few_rows_limit, "The rows up to which few_rows_linear beats a bf16 GEMM here");
-  pybind11::class_<DecodeLayers>(m, "DecodeLayers", "Every decoder layer of a decode step in one call (bf16 weights)")
+  pybind11::class_<DecodeLayers>(m, "DecodeLayers",
+                                 "Every decoder layer of a decode step in one call (bf16, or fp16 under fp32)")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &DecodeLayers::add_layer)
+      .def("add_fp16_layer",
+           [](DecodeLayers& self, const pybind11::object& qkv, const pybind11::object& o_proj,
+              const pybind11::object& gate_up, const pybind11::object& down, at::Tensor mlp_norm,
+              at::Tensor next_norm, at::Tensor cos, at::Tensor sin, int64_t window) {
+             self.add_fp16_layer(packed_fp16_weight(qkv), packed_fp16_weight(o_proj), packed_fp16_weight(gate_up),
+                                 packed_fp16_weight(down), mlp_norm, next_norm, cos, sin, window);
+           })
       .def("forward", &DecodeLayers::forward);
 }

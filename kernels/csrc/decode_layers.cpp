@@ -24,13 +24,33 @@ void DecodeLayers::add_layer(at::Tensor qkv, at::Tensor o_proj, at::Tensor gate_
   TORCH_CHECK(fits(qkv, (num_heads_ + 2 * num_kv_heads_) * head_dim_) && fits(o_proj, hidden_size_) &&
                   fits(gate_up, 2 * intermediate_size_) && fits(down, hidden_size_),
               "add_layer takes bf16 weights, [N, K] or packed by amx_pack_weight, of the model's sizes");
-  layers_.push_back({qkv, o_proj, gate_up, down, mlp_norm, next_norm, cos, sin, window});
+  layers_.push_back({qkv, o_proj, gate_up, down, mlp_norm, next_norm, cos, sin, window, {}});
+}
+
+void DecodeLayers::add_fp16_layer(PackedFp16Weight qkv, PackedFp16Weight o_proj, PackedFp16Weight gate_up,
+                                  PackedFp16Weight down, at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor cos,
+                                  at::Tensor sin, int64_t window) {
+  TORCH_CHECK(qkv && o_proj && gate_up && down, "add_fp16_layer takes four packed weights");
+  layers_.push_back({{}, {}, {}, {}, mlp_norm, next_norm, cos, sin, window, {qkv, o_proj, gate_up, down}});
+}
+
+// fp16 weights: fbgemm's GEMM, as Fp16WeightLinear calls it.
+at::Tensor DecodeLayers::linear(const at::Tensor& x, const Layer& layer, Weight weight) const {
+  if (layer.fp16[weight]) return layer.fp16[weight]->apply_dynamic(x);
+  const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  switch (weight) {
+    case kQkv: return bf16_linear(x, layer.qkv, q_size + 2 * kv_size);
+    case kOProj: return bf16_linear(x, layer.o_proj, hidden_size_);
+    case kGateUp: return bf16_linear(x, layer.gate_up, 2 * intermediate_size_);
+    case kDown: return bf16_linear(x, layer.down, hidden_size_);
+  }
+  TORCH_CHECK(false, "no such weight");
 }
 
 // As the model's bf16 linears (server/models/linear.py) choose: weights packed for the tiles (AmxBf16WeightLinear)
 // take the few-rows kernel over that layout up to its limit and the tiles above it; plain [N, K] weights
 // (Bf16WeightLinear) the few-rows kernel and oneDNN's GEMM.
-at::Tensor DecodeLayers::linear(const at::Tensor& x, const at::Tensor& weight, int64_t out_features) const {
+at::Tensor DecodeLayers::bf16_linear(const at::Tensor& x, const at::Tensor& weight, int64_t out_features) const {
   const bool few = x.size(0) <= few_rows_;
   if (weight.dim() == 2) return few ? few_rows_linear(x, weight) : at::linear(x, weight);
   return few ? amx_few_rows_linear(x, weight, out_features) : amx_linear(x, weight, out_features);
@@ -38,9 +58,10 @@ at::Tensor DecodeLayers::linear(const at::Tensor& x, const at::Tensor& weight, i
 
 // As SiluMulOfGateUp where the decoder takes it (tile weights, more rows than the few-rows kernel's), the
 // activation inside the AMX kernel; elsewhere the layer, then the activation.
-at::Tensor DecodeLayers::swiglu(const at::Tensor& x, const at::Tensor& gate_up) const {
-  if (gate_up.dim() == 6 && x.size(0) > few_rows_) return amx_silu_mul_linear(x, gate_up, intermediate_size_);
-  return silu_mul(linear(x, gate_up, 2 * intermediate_size_));
+at::Tensor DecodeLayers::swiglu(const at::Tensor& x, const Layer& layer) const {
+  if (layer.gate_up.defined() && layer.gate_up.dim() == 6 && x.size(0) > few_rows_)
+    return amx_silu_mul_linear(x, layer.gate_up, intermediate_size_);
+  return silu_mul(linear(x, layer, kGateUp));
 }
 
 at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions,
@@ -51,7 +72,8 @@ at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tenso
   const int64_t tokens = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
   for (size_t index = 0; index < layers_.size(); ++index) {
     const Layer& layer = layers_[index];
-    const at::Tensor qkv = linear(normed, layer.qkv, q_size + 2 * kv_size);
+    const at::Tensor qkv = linear(normed, layer, kQkv);
+    TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "layer ", index, "'s Q/K/V weight is not of the model's size");
     const at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
     const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
     const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
@@ -59,10 +81,8 @@ at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tenso
     store_kv(k, v, k_caches[index], v_caches[index], slots);
     const at::Tensor attended =
         paged_decode_attention(q, k_caches[index], v_caches[index], tables, lens, scale_, layer.window);
-    normed = add_rms_norm_(hidden, linear(attended.reshape({tokens, q_size}), layer.o_proj, hidden_size_),
-                           layer.mlp_norm, eps_);
-    normed = add_rms_norm_(hidden, linear(swiglu(normed, layer.gate_up), layer.down, hidden_size_),
-                           layer.next_norm, eps_);
+    normed = add_rms_norm_(hidden, linear(attended.reshape({tokens, q_size}), layer, kOProj), layer.mlp_norm, eps_);
+    normed = add_rms_norm_(hidden, linear(swiglu(normed, layer), layer, kDown), layer.next_norm, eps_);
   }
   return normed;
 }

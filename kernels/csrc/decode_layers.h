@@ -1,13 +1,17 @@
 // Every decoder layer of a decode step in one call from Python, for llama-style layers (no biases, no Q/K or
-// output norms, SwiGLU) over bf16 weights, plain or packed for AMX tiles (amx_pack_weight). It calls the kernels
-// that server/models/decoder.py calls, in the same order and on the same tensors, so its result is the same bits;
-// what it saves is Python's part of each layer (about 7 ms of a 48-65 ms decode step at batch 64 on two Xeon
-// cores).
+// output norms, SwiGLU) over bf16 weights, plain or packed for AMX tiles (amx_pack_weight), or over fp16 weights
+// packed for fbgemm under fp32 compute. It calls the kernels that server/models/decoder.py calls, in the same order
+// and on the same tensors, so its result is the same bits; what it saves is Python's part of each layer (about 7 ms
+// of a 48-65 ms decode step at batch 64 on two Xeon cores).
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/native/quantized/PackedParams.h>
 
+#include <array>
 #include <vector>
+
+using PackedFp16Weight = c10::intrusive_ptr<LinearPackedParamsBase>;
 
 class DecodeLayers {
  public:
@@ -20,6 +24,10 @@ class DecodeLayers {
   void add_layer(at::Tensor qkv, at::Tensor o_proj, at::Tensor gate_up, at::Tensor down, at::Tensor mlp_norm,
                  at::Tensor next_norm, at::Tensor cos, at::Tensor sin, int64_t window);
 
+  // The same, for fp32 compute: the four weights are fp16, packed by quantized::linear_prepack_fp16.
+  void add_fp16_layer(PackedFp16Weight qkv, PackedFp16Weight o_proj, PackedFp16Weight gate_up, PackedFp16Weight down,
+                      at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor cos, at::Tensor sin, int64_t window);
+
   // One query token per row of hidden ([tokens, hidden_size], the residual stream, updated in place); normed is its
   // first input norm. The KV caches are the layers' in order; slots, tables and lens are the step's attention
   // metadata for decode. Returns the last layer's output after the final norm.
@@ -28,13 +36,17 @@ class DecodeLayers {
                      at::Tensor slots, at::Tensor tables, at::Tensor lens) const;
 
  private:
+  enum Weight { kQkv, kOProj, kGateUp, kDown };
+
   struct Layer {
     at::Tensor qkv, o_proj, gate_up, down, mlp_norm, next_norm, cos, sin;
     int64_t window;
+    std::array<PackedFp16Weight, 4> fp16;  // in Weight's order, instead of the bf16 ones
   };
 
-  at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t out_features) const;
-  at::Tensor swiglu(const at::Tensor& x, const at::Tensor& gate_up) const;
+  at::Tensor linear(const at::Tensor& x, const Layer& layer, Weight weight) const;
+  at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, int64_t out_features) const;
+  at::Tensor swiglu(const at::Tensor& x, const Layer& layer) const;
 
   int64_t num_heads_, num_kv_heads_, head_dim_, hidden_size_, intermediate_size_;
   double eps_, scale_;

@@ -114,6 +114,7 @@ class Fp16WeightLinear:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
+        self.out_features = weight.shape[0]
         self.nbytes = weight.numel() * torch.float16.itemsize
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

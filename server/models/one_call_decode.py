@@ -1,8 +1,9 @@
 """Every decoder layer of a decode step in one C++ call (kernels/csrc/decode_layers.h), for plain llama-style
-layers over bf16 weights (packed for AMX tiles, or plain for the few-rows kernel and oneDNN) with the CPU kernels
-running attention and the layer ops. Between its kernels ``DecoderModel.forward`` spends Python's time on each
-layer: about 7 ms of a 48-65 ms decode step at batch 64 on two Xeon cores. The C++ loop calls the same kernels in
-the same order on the same tensors, so its result is the same bits."""
+layers over bf16 weights (packed for AMX tiles, or plain for the few-rows kernel and oneDNN), or over fp16 weights
+packed for fbgemm under fp32 compute, with the CPU kernels running attention and the layer ops. Between its kernels
+``DecoderModel.forward`` spends Python's time on each layer: about 7 ms of a 48-65 ms decode step at batch 64 on
+two Xeon cores, and 3 of 18 ms at one stream in fp32. The C++ loop calls the same kernels in the same order on the
+same tensors, so its result is the same bits."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from kernels.backend import AttentionBackend, AttentionMetadata, CpuAttention, LayerOps
 from server.models.config import ModelConfig
 from server.models.layers import RotaryEmbedding
-from server.models.linear import AmxBf16WeightLinear, Bf16WeightLinear, silu_mul_fuses_into
+from server.models.linear import AmxBf16WeightLinear, Bf16WeightLinear, Fp16WeightLinear, silu_mul_fuses_into
 
 if TYPE_CHECKING:
     from server.models.decoder import DecoderLayer
@@ -51,7 +52,7 @@ def one_call_decode(
     layer_ops: LayerOps,
 ) -> OneCallDecode | None:
     """The one-call loop over ``layers``, or None where a layer needs what only the Python loop does (biases,
-    QK-norm, output norms, GeGLU, weights other than bf16 ones, another attention backend or tensor
+    QK-norm, output norms, GeGLU, weights other than bf16 or fbgemm's fp16 ones, another attention backend or tensor
     parallelism)."""
     if not isinstance(attention, CpuAttention) or layer_ops.name != "cpu" or config.hidden_act != "silu":
         return None
@@ -64,28 +65,33 @@ def one_call_decode(
     next_norms = [layer.input_norm for layer in layers[1:]] + [final_norm]
     for layer, next_norm, table, window in zip(layers, next_norms, rotary, config.layer_windows, strict=True):
         attn, mlp = layer.attention, layer.mlp
-        compiled.add_layer(
+        add = compiled.add_fp16_layer if isinstance(attn.qkv, Fp16WeightLinear) else compiled.add_layer
+        add(
             _weight(attn.qkv), _weight(attn.o_proj), _weight(mlp.gate_up), _weight(mlp.down), layer.mlp_norm,
             next_norm, table.cos, table.sin, window or 0,
         )
     return OneCallDecode(compiled)
 
 
-def _weight(linear: AmxBf16WeightLinear | Bf16WeightLinear) -> torch.Tensor:
-    """What the compiled loop multiplies by: the tile layout, or the plain [out, in] matrix."""
-    return linear.packed if isinstance(linear, AmxBf16WeightLinear) else linear.weight
+OneCallLinear = AmxBf16WeightLinear | Bf16WeightLinear | Fp16WeightLinear
 
 
-def _out_features(linear: AmxBf16WeightLinear | Bf16WeightLinear) -> int:
-    return linear.out_features if isinstance(linear, AmxBf16WeightLinear) else linear.weight.shape[0]
+def _weight(linear: OneCallLinear) -> Any:
+    """What the compiled loop multiplies by: the tile layout, the plain [out, in] matrix, or fbgemm's packing."""
+    return linear.weight if isinstance(linear, Bf16WeightLinear) else linear.packed
+
+
+def _out_features(linear: OneCallLinear) -> int:
+    return linear.weight.shape[0] if isinstance(linear, Bf16WeightLinear) else linear.out_features
 
 
 def _plain(layer: DecoderLayer, config: ModelConfig) -> bool:
-    """A llama-style layer whose four linears are bf16 at the model's full sizes (not a rank's share), with SwiGLU
-    inside the gate/up kernel wherever the decoder puts it there."""
+    """A llama-style layer whose four linears are bf16, or all four fbgemm's fp16, at the model's full sizes (not a
+    rank's share), with SwiGLU inside the gate/up kernel wherever the decoder puts it there."""
     attn, mlp = layer.attention, layer.mlp
     linears = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down)
-    if not all(type(linear) in (AmxBf16WeightLinear, Bf16WeightLinear) for linear in linears):
+    bf16 = all(type(linear) in (AmxBf16WeightLinear, Bf16WeightLinear) for linear in linears)
+    if not bf16 and not all(type(linear) is Fp16WeightLinear for linear in linears):
         return False
     if isinstance(mlp.gate_up, AmxBf16WeightLinear) and not silu_mul_fuses_into(mlp.gate_up):
         return False
