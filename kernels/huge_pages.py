@@ -21,7 +21,10 @@ _ALIGNMENT = 64  # bytes between tensors that share a mapping start on a cache l
 def _mapping(nbytes: int) -> torch.Tensor:
     """Zeroed bytes that start on a 2 MB boundary, backed by 2 MB pages where the OS gives them; the tensor keeps
     the mapping alive."""
-    memory = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # Whole 2 MB pages past the first boundary, wherever the mapping starts: a page the mapping only partly covers
+    # is never a huge one.
+    pages = -(-nbytes // HUGE_PAGE_BYTES)
+    memory = mmap.mmap(-1, (pages + 1) * HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is not None:
         with contextlib.suppress(OSError):  # transparent huge pages turned off: 4 KB pages

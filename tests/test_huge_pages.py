@@ -54,6 +54,16 @@ def test_zeros_are_zero_and_on_huge_pages():
     assert not _on_huge_pages(torch.zeros(300, 16, 3, 64, dtype=torch.bfloat16))
 
 
+@needs_thp
+def test_every_size_gets_whole_huge_pages_wherever_its_mapping_lands():
+    # Mappings land where the OS puts them; the tensor's aligned bytes must still cover whole 2 MB pages.
+    kept = []
+    for megabytes in (0.3, 1.0, 1.8, 1.95, 2.1, 3.9) * 4:
+        tensor = huge_pages.zeros((int(megabytes * 2**20),), torch.uint8)
+        kept.append(tensor)
+        assert _on_huge_pages(tensor), f"{megabytes} MB"
+
+
 def test_zeros_on_a_cpu_device_and_of_no_elements():
     assert huge_pages.zeros_on(torch.device("cpu"), (4, 5), torch.float32).equal(torch.zeros(4, 5))
     assert huge_pages.zeros((0, 3), torch.float16).shape == (0, 3)
