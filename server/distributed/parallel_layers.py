@@ -60,4 +60,6 @@ def parallelize(model: DecoderModel, group: TensorParallelGroup, vocab_size: int
         layer.attention.o_proj = RowParallelLinear(layer.attention.o_proj, group)
         layer.mlp.down = RowParallelLinear(layer.mlp.down, group)
     model.lm_head = GatheredOutput(model.lm_head, group, vocab_size)
+    # The compiled decode loop (built with the model, over the unwrapped shards) has no all-reduce between layers.
+    model.one_call_decode = None
     return model
