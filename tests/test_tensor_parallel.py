@@ -14,6 +14,7 @@ from server.distributed.launch import TensorParallelError
 from server.distributed.messages import pack_step, unpack_step
 from server.distributed.sharding import check_divides, rank_config, shard_weights
 from server.models.config import ModelConfig
+from server.models.linear import fp16_weight_gemm_available
 from tests.tiny_families import FAMILIES, write_hf_checkpoint
 from tests.tiny_model import TINY_CONFIG
 
@@ -77,6 +78,19 @@ def test_each_rank_holds_its_share_of_the_heads_and_the_vocabulary(tiny_pair):
     assert model.config.num_attention_heads == TINY_CONFIG["num_attention_heads"] // 2
     assert two.engine.runner.kv_caches[0][0].shape[2] == TINY_CONFIG["num_key_value_heads"] // 2
     assert model.model.embed.local.table.shape[0] == TINY_CONFIG["vocab_size"] // 2
+
+
+@pytest.mark.skipif(not fp16_weight_gemm_available(), reason="no fbgemm: no fp16 weights under fp32")
+def test_the_ranks_keep_the_python_layer_loop_and_its_all_reduces(tiny_folder):
+    # fp16 weights under fp32: one process decodes in one compiled call, which knows nothing of ranks.
+    engine = {**ENGINE, "weight_dtype": "auto", "kv_cache_dtype": "auto"}
+    one = LLM(str(tiny_folder), **engine)
+    two = LLM(str(tiny_folder), tensor_parallel_size=2, **engine)
+    try:
+        assert two.engine.runner.model.model.one_call_decode is None
+        assert greedy_tokens(two) == greedy_tokens(one)
+    finally:
+        close(two)
 
 
 def test_a_size_that_does_not_divide_the_heads_is_refused_in_one_line():
