@@ -80,19 +80,6 @@ def test_each_rank_holds_its_share_of_the_heads_and_the_vocabulary(tiny_pair):
     assert model.model.embed.local.table.shape[0] == TINY_CONFIG["vocab_size"] // 2
 
 
-@pytest.mark.skipif(not fp16_weight_gemm_available(), reason="no fbgemm: no fp16 weights under fp32")
-def test_the_ranks_keep_the_python_layer_loop_and_its_all_reduces(tiny_folder):
-    # fp16 weights under fp32: one process decodes in one compiled call, which knows nothing of ranks.
-    engine = {**ENGINE, "weight_dtype": "auto", "kv_cache_dtype": "auto"}
-    one = LLM(str(tiny_folder), **engine)
-    two = LLM(str(tiny_folder), tensor_parallel_size=2, **engine)
-    try:
-        assert two.engine.runner.model.model.one_call_decode is None
-        assert greedy_tokens(two) == greedy_tokens(one)
-    finally:
-        close(two)
-
-
 def test_a_size_that_does_not_divide_the_heads_is_refused_in_one_line():
     config = ModelConfig.from_hf_dict(
         {**TINY_CONFIG, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
@@ -161,6 +148,20 @@ def test_a_killed_worker_fails_the_next_step_at_once(tiny_pair, tiny_folder):
     again = tensor_parallel_llm(tiny_folder, 2)
     assert greedy_tokens(again, PROMPTS[:1])
     close(again)
+
+
+@pytest.mark.skipif(not fp16_weight_gemm_available(), reason="no fbgemm: no fp16 weights under fp32")
+def test_the_ranks_keep_the_python_layer_loop_and_its_all_reduces(tiny_folder):
+    # fp16 weights under fp32: one process decodes in one compiled call, which knows nothing of ranks. After
+    # tiny_pair's group has ended: one tensor-parallel engine per process.
+    engine = {**ENGINE, "weight_dtype": "auto", "kv_cache_dtype": "auto"}
+    one = LLM(str(tiny_folder), **engine)
+    two = LLM(str(tiny_folder), tensor_parallel_size=2, **engine)
+    try:
+        assert two.engine.runner.model.model.one_call_decode is None
+        assert greedy_tokens(two) == greedy_tokens(one)
+    finally:
+        close(two)
 
 
 @pytest.mark.slow
