@@ -78,9 +78,9 @@ class CpuPerToken:
     tokens: int = 0
 
     def add_round(self, server_pid: int, base_url: str, prompts: list[list[int]], output_len: int) -> Throughput:
-        client, loop, whole = _own_cpu_s(), main_thread_cpu_s(server_pid), process_cpu_s(server_pid)
+        client, loop, whole = process_cpu_s(os.getpid()), main_thread_cpu_s(server_pid), process_cpu_s(server_pid)
         served = asyncio.run(time_clients(base_url, prompts, output_len))
-        self.client_s += _own_cpu_s() - client
+        self.client_s += process_cpu_s(os.getpid()) - client
         self.server_loop_s += main_thread_cpu_s(server_pid) - loop
         self.server_s += process_cpu_s(server_pid) - whole
         self.tokens += served.output_tokens
@@ -92,11 +92,6 @@ class CpuPerToken:
 
         return (f"CPU per output token over HTTP: client {us(self.client_s)}, server event loop "
                 f"{us(self.server_loop_s)}, server in all {us(self.server_s)}")
-
-
-def _own_cpu_s() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 def total(label: str, results: list[Throughput]) -> Throughput:
