@@ -52,8 +52,9 @@ def one_call_decode(
     layer_ops: LayerOps,
 ) -> OneCallDecode | None:
     """The one-call loop over ``layers``, or None where a layer needs what only the Python loop does (biases,
-    QK-norm, output norms, GeGLU, weights other than bf16 or fbgemm's fp16 ones, another attention backend or tensor
-    parallelism)."""
+    QK-norm, output norms, GeGLU, weights other than bf16 or fbgemm's fp16 ones, another attention backend). A
+    tensor-parallel rank's layers pass these checks (its config is its share); ``parallelize`` drops the loop when
+    it wraps them for the all-reduce, which the loop does not do."""
     if not isinstance(attention, CpuAttention) or layer_ops.name != "cpu" or config.hidden_act != "silu":
         return None
     if not layers or not all(_plain(layer, config) for layer in layers):
@@ -86,8 +87,8 @@ def _out_features(linear: OneCallLinear) -> int:
 
 
 def _plain(layer: DecoderLayer, config: ModelConfig) -> bool:
-    """A llama-style layer whose four linears are bf16, or all four fbgemm's fp16, at the model's full sizes (not a
-    rank's share), with SwiGLU inside the gate/up kernel wherever the decoder puts it there."""
+    """A llama-style layer whose four linears are bf16, or all four fbgemm's fp16, at the sizes ``config`` gives,
+    with SwiGLU inside the gate/up kernel wherever the decoder puts it there."""
     attn, mlp = layer.attention, layer.mlp
     linears = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down)
     bf16 = all(type(linear) in (AmxBf16WeightLinear, Bf16WeightLinear) for linear in linears)
