@@ -81,6 +81,7 @@ class AttentionBackend(ABC):
     """Paged attention over ``[num_blocks, block_size, num_kv_heads, head_dim]`` K and V caches."""
 
     name: str
+    batch_invariant = False  # whether a row's result is the same bits whatever else the batch holds
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -241,6 +242,34 @@ class CpuAttention(AttentionBackend):
         )
 
 
+class BatchInvariantCpuAttention(CpuAttention):
+    """Every row through the one paged prefill kernel, a decoding sequence as a one-token chunk. That kernel sums a
+    query's keys in the same order however its sequence is chunked and whatever other sequences share the call, so a
+    token's attention is the same bits alone, in a batch, prefilled or decoded (tests/test_batch_invariant.py).
+    Fresh prompts skip torch's flash attention, whose tiles depend on the prompt's length."""
+
+    name = "cpu-batch-invariant"
+    batch_invariant = True
+
+    def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
+        decoding = batch.num_decode_tokens  # prefill_query_starts begins with 0
+        as_prefill = AttentionBatch(
+            slot_mapping=batch.slot_mapping,
+            decode_block_tables=[],
+            decode_seq_lens=[],
+            prefill_block_tables=batch.decode_block_tables + batch.prefill_block_tables,
+            prefill_query_starts=list(range(decoding)) + [decoding + start for start in batch.prefill_query_starts],
+            prefill_seq_lens=batch.decode_seq_lens + batch.prefill_seq_lens,
+        )
+        return super().prepare(as_prefill)
+
+    def prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, scale: float, window: int | None = None,
+    ) -> torch.Tensor:
+        return self._paged_prefill(q, k_cache, v_cache, meta, scale, window)
+
+
 class TritonAttention(AttentionBackend):
     name = "triton"
 
@@ -304,7 +333,14 @@ def _compiled_cpu_kernels(device: torch.device) -> ModuleType | None:
     return cpu.load()
 
 
-def select_attention_backend(device: torch.device) -> AttentionBackend:
+def select_attention_backend(device: torch.device, batch_invariant: bool = False) -> AttentionBackend:
+    """``batch_invariant``: the compiled CPU kernels' batch-invariant use; raises ValueError where they are not."""
+    if batch_invariant:
+        compiled = _compiled_cpu_kernels(device)
+        if compiled is None:
+            raise ValueError(f"batch-invariant mode needs the compiled CPU kernels; the {backend_name(device)} "
+                             "attention backend serves here")
+        return BatchInvariantCpuAttention(device, compiled)
     if backend_name(device) == "triton":
         return TritonAttention(device)
     compiled = _compiled_cpu_kernels(device)

@@ -88,6 +88,7 @@ class EngineConfig:
     quantization: str | None = None
     speculative_config: SpeculativeConfig | None = None
     stop_on_repetition: bool = False
+    batch_invariant: bool = False
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -99,6 +100,9 @@ class EngineConfig:
                              f"not {self.kv_cache_dtype!r}")
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {self.quantization!r}")
+        if self.batch_invariant and self.quantization is not None:
+            raise ValueError("batch-invariant mode takes no quantization: the quantized kernels sum a row "
+                             "differently at different row counts")
         if self.block_size not in (8, 16, 32):
             raise ValueError("block_size must be 8, 16 or 32")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

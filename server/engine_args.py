@@ -58,6 +58,10 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
                             '"prompt_lookup_max": 4, "prompt_lookup_min": 2}; off by default')
     group.add_argument("--stop-on-repetition", action="store_true",
                        help="end a request whose output loops (finish_reason stop, stop_reason repetition)")
+    group.add_argument("--batch-invariant", action="store_true",
+                       help="a request's tokens do not depend on what else is in the batch: the same prompt and "
+                            "seed give the same output alone or under load (CPU kernels, bf16 or fp32, no "
+                            "quantization; slower, see docs/api.md)")
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
 
 

@@ -25,6 +25,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "x times int8 weights with group scales, transposed");
   m.def("int4_linear", &int4_linear, "x times packed int4 weights with group scales and minimums, transposed");
   m.def("few_rows_linear", &few_rows_linear, "One to eight rows of x times bf16 weights, transposed");
+  m.def("row_invariant_linear", &row_invariant_linear,
+        "Any rows of x times bf16 weights, transposed, each row summed in one order whatever the row count");
   m.def("amx_pack_weight", &amx_pack_weight, "bf16 weights [N, K] in the tile layout amx_linear reads");
   m.def("amx_linear_usable", &amx_linear_usable, "Whether this build has the AMX kernels and may use the tiles");
   m.def("amx_linear", &amx_linear, "x times weights packed by amx_pack_weight, transposed, on AMX tiles");

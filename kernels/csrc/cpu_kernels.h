@@ -16,6 +16,7 @@ at::Tensor silu_mul(at::Tensor gate_up);
 at::Tensor int8_linear(at::Tensor x, at::Tensor w, at::Tensor scales);
 at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins);
 at::Tensor few_rows_linear(at::Tensor x, at::Tensor w);
+at::Tensor row_invariant_linear(at::Tensor x, at::Tensor w);
 int64_t few_rows_limit();
 at::Tensor amx_pack_weight(at::Tensor w);
 bool amx_linear_usable();

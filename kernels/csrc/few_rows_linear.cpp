@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 #include "amx_tiles.h"
 #include "compile_time_rows.h"
 #include "simd_load.h"
@@ -21,9 +23,8 @@ constexpr int64_t kBlock = 32;  // input features must come in multiples of this
 constexpr int64_t accumulators(int64_t rows) { return rows <= 3 ? 4 : rows <= 5 ? 2 : 1; }
 
 // x is widened to fp32 once, not once per output.
-template <int64_t R>
+template <int64_t R, int64_t A = accumulators(R)>
 void few_rows_into(const float* x, int64_t ldx, const at::BFloat16* w, int64_t K, int64_t N, at::BFloat16* y) {
-  constexpr int64_t A = accumulators(R);
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
       const at::BFloat16* row = w + n * K;
@@ -57,10 +58,12 @@ void few_rows_into(const float* x, int64_t ldx, const at::BFloat16* w, int64_t K
 #ifdef VIGIL_AVX512_BF16
 // With AVX512-BF16, one instruction multiplies 32 bf16 pairs and adds them into 16 fp32 lanes: x stays in bf16
 // and the arithmetic per weight is a quarter of the widening path's, which lets more rows run at memory speed.
-template <int64_t R>
+// Rows x accumulators + weights within the 32 AVX-512 registers.
+constexpr int64_t dot_accumulators(int64_t rows) { return rows <= 2 ? 4 : 2; }
+
+template <int64_t R, int64_t A = dot_accumulators(R)>
 void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w, int64_t K, int64_t N,
                        at::BFloat16* y) {
-  constexpr int64_t A = R <= 2 ? 4 : 2;  // rows x accumulators + weights within the 32 AVX-512 registers
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     const at::BFloat16* end = w + last * K;
     for (int64_t n = first; n < last; ++n) {
@@ -112,25 +115,64 @@ int64_t few_rows_limit() {
 #endif
 }
 
-at::Tensor few_rows_linear(at::Tensor x, at::Tensor w) {
+namespace {
+
+at::Tensor checked_output(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kBFloat16, "w must be bf16 [N, K]");
-  const int64_t M = x.size(0), K = w.size(1), N = w.size(0);
+  const int64_t K = w.size(1);
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == K, "x must be [rows, ", K, "], contiguous rows");
-  TORCH_CHECK(M >= 1 && M <= kMaxRows, "x must have 1 to ", kMaxRows, " rows");
   TORCH_CHECK(K % kBlock == 0, "input features must be a multiple of ", kBlock);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "x must be bf16");
-  auto y = at::empty({M, N}, x.options());
+  return at::empty({x.size(0), w.size(0)}, x.options());
+}
+
+// Runs kernel<R, A> over x's rows in slices of at most kMaxRows; A is each row's accumulators, or, where Fixed
+// is false, the kernel's own choice for the slice's row count.
+template <bool Fixed, int64_t A>
+void in_row_slices(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
+  const int64_t M = x.size(0), K = w.size(1), N = w.size(0);
   const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
-  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
-#ifdef VIGIL_AVX512_BF16
-  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
-  vigil::with_rows<kMaxRows>(
-      M, [&](auto rows) { few_rows_dot_bf16<decltype(rows)::value>(xp, x.stride(0), wp, K, N, yp); });
+#ifndef VIGIL_AVX512_BF16
+  const at::Tensor xs = x.to(at::kFloat);
+  const float* xp = xs.data_ptr<float>();
 #else
-  const at::Tensor wide = x.to(at::kFloat);
-  const float* xp = wide.data_ptr<float>();
-  vigil::with_rows<kMaxRows>(
-      M, [&](auto rows) { few_rows_into<decltype(rows)::value>(xp, wide.stride(0), wp, K, N, yp); });
+  const at::Tensor& xs = x;
+  const at::BFloat16* xp = xs.data_ptr<at::BFloat16>();
+#endif
+  for (int64_t first = 0; first < M; first += kMaxRows) {
+    at::BFloat16* yp = y.data_ptr<at::BFloat16>() + first * N;
+    const auto* xr = xp + first * xs.stride(0);
+    vigil::with_rows<kMaxRows>(std::min(kMaxRows, M - first), [&](auto rows) {
+      constexpr int64_t R = decltype(rows)::value;
+#ifdef VIGIL_AVX512_BF16
+      if constexpr (Fixed) few_rows_dot_bf16<R, A>(xr, xs.stride(0), wp, K, N, yp);
+      else few_rows_dot_bf16<R>(xr, xs.stride(0), wp, K, N, yp);
+#else
+      if constexpr (Fixed) few_rows_into<R, A>(xr, xs.stride(0), wp, K, N, yp);
+      else few_rows_into<R>(xr, xs.stride(0), wp, K, N, yp);
+#endif
+    });
+  }
+}
+
+}  // namespace
+
+at::Tensor few_rows_linear(at::Tensor x, at::Tensor w) {
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= kMaxRows, "x must have 1 to ", kMaxRows, " rows");
+  auto y = checked_output(x, w);
+  in_row_slices<false, 1>(x, w, y);
+  return y;
+}
+
+// Any number of rows, each summed in one fixed order whatever the row count: a row's result does not depend on
+// the rows beside it (batch-invariant mode). The accumulators are those of the kernel's widest slice.
+at::Tensor row_invariant_linear(at::Tensor x, at::Tensor w) {
+  auto y = checked_output(x, w);
+  if (x.size(0) == 0) return y;
+#ifdef VIGIL_AVX512_BF16
+  in_row_slices<true, dot_accumulators(kMaxRows)>(x, w, y);
+#else
+  in_row_slices<true, accumulators(kMaxRows)>(x, w, y);
 #endif
   return y;
 }

@@ -125,9 +125,11 @@ def load_model(
     if shard is not None:
         weights = shard(weights)
     weights = {name: w.to(device) for name, w in weights.items()}
+    invariant = config.batch_invariant
     return build_model(
-        model_config, weights, lambda weight: make_linear(weight, precision.weight_dtype, config.quantization),
-        select_attention_backend(device), select_layer_ops(device), device, precision.weight_dtype,
+        model_config, weights,
+        lambda weight: make_linear(weight, precision.weight_dtype, config.quantization, row_invariant=invariant),
+        select_attention_backend(device, invariant), select_layer_ops(device), device, precision.weight_dtype,
     )
 
 

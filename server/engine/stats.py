@@ -24,7 +24,7 @@ class CacheInfo:
 class EngineInfo:
     """How the engine computes, as built: the attention backend that serves, and the dtypes."""
 
-    attention_backend: str  # "cpu" (C++ kernels), "triton" or "torch"
+    attention_backend: str  # "cpu" (C++ kernels), "cpu-batch-invariant", "triton" or "torch"
     dtype: str  # of activations, e.g. "float32"
     weight_dtype: str
     device: str

@@ -60,6 +60,21 @@ class Bf16WeightLinear(DenseLinear):
         return F.linear(x, self.weight)
 
 
+class RowInvariantBf16Linear(DenseLinear):
+    """bf16 weights on the CPU, every row summed in one fixed order by the few-rows kernel, eight rows a pass: a
+    row's result is the same bits alone or among 63 others (batch-invariant mode). Above eight rows it reads the
+    weights once per eight, so it is slower than oneDNN's GEMM at batch."""
+
+    def __init__(self, weight: torch.Tensor, row_invariant_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                 ) -> None:
+        super().__init__(huge_pages.copy(weight))
+        self.row_invariant_linear = row_invariant_linear
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.row_invariant_linear(_rows(x), self.weight)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 class AmxBf16WeightLinear:
     """bf16 weights on CPUs with AMX, packed once at load into the tile layout of kernels/csrc/amx_linear.cpp and
     kept only so: more rows than ``max_rows`` take its AMX kernel, fewer its few-rows kernel over the same layout.
@@ -157,14 +172,18 @@ def fp16_weight_gemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
-def make_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None = None) -> Linear:
+def make_linear(
+    weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None = None, row_invariant: bool = False
+) -> Linear:
     """``weight_dtype`` is the compute dtype, or float16 under float32 compute on the CPU; ``quantization`` (int8
-    or int4) stores the weights quantised instead."""
-    whole = quantization is None and _amx_kernels(weight, weight_dtype) is not None
+    or int4) stores the weights quantised instead. ``row_invariant`` (batch-invariant mode) takes only kernels
+    whose result for a row does not depend on the other rows: the few-rows kernel's fixed order for bf16, fbgemm
+    for fp16 weights (which sums a row alike at any row count); raises ValueError where there is none."""
+    whole = quantization is None and not row_invariant and _amx_kernels(weight, weight_dtype) is not None
     if weight.device.type == "cpu" and weight.shape[0] > CHUNKED_OUTPUT_FEATURES and not whole:
         parts = weight.split(OUTPUT_CHUNK)
-        return ChunkedLinear([_single_linear(part, weight_dtype, quantization) for part in parts])
-    return _single_linear(weight, weight_dtype, quantization)
+        return ChunkedLinear([_single_linear(part, weight_dtype, quantization, row_invariant) for part in parts])
+    return _single_linear(weight, weight_dtype, quantization, row_invariant)
 
 
 def _quantized_kernel(method: str, weight: torch.Tensor) -> Callable[..., torch.Tensor]:
@@ -193,7 +212,11 @@ def _amx_kernels(weight: torch.Tensor, weight_dtype: torch.dtype) -> ModuleType 
     return compiled if compiled is not None and compiled.amx_linear_usable() else None
 
 
-def _single_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None) -> Linear:
+def _single_linear(
+    weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None, row_invariant: bool
+) -> Linear:
+    if row_invariant:
+        return _row_invariant_linear(weight, weight_dtype, quantization)
     if quantization is not None:
         return QuantizedLinear(quantize(weight, quantization), _quantized_kernel(quantization, weight))
     if weight_dtype == weight.dtype:
@@ -206,3 +229,18 @@ def _single_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization
     if weight_dtype == torch.float16 and weight.dtype == torch.float32 and weight.device.type == "cpu":
         return Fp16WeightLinear(weight)
     raise ValueError(f"weights in {weight_dtype} under {weight.dtype} compute on {weight.device} are not supported")
+
+
+def _row_invariant_linear(weight: torch.Tensor, weight_dtype: torch.dtype, quantization: str | None) -> Linear:
+    if quantization is None and weight_dtype == weight.dtype == torch.bfloat16:
+        compiled = _few_rows_kernels(weight)
+        if compiled is not None:
+            return RowInvariantBf16Linear(weight, compiled.row_invariant_linear)
+    fp16_weights = weight_dtype == torch.float16 and weight.dtype == torch.float32 and weight.device.type == "cpu"
+    if quantization is None and fp16_weights and fp16_weight_gemm_available():
+        return Fp16WeightLinear(weight)
+    raise ValueError(
+        "batch-invariant mode needs the compiled CPU kernels and bf16 compute, or fp32 compute over fp16 weights, "
+        f"with no quantization; this model has {weight.dtype} compute, {weight_dtype} weights"
+        + (f" and {quantization} quantization" if quantization else "") + f" on {weight.device}"
+    )

@@ -52,10 +52,12 @@ def one_call_decode(
     layer_ops: LayerOps,
 ) -> OneCallDecode | None:
     """The one-call loop over ``layers``, or None where a layer needs what only the Python loop does (biases,
-    QK-norm, output norms, GeGLU, weights other than bf16 or fbgemm's fp16 ones, another attention backend). A
-    tensor-parallel rank's layers pass these checks (its config is its share); ``parallelize`` drops the loop when
-    it wraps them for the all-reduce, which the loop does not do."""
-    if not isinstance(attention, CpuAttention) or layer_ops.name != "cpu" or config.hidden_act != "silu":
+    QK-norm, output norms, GeGLU, weights other than bf16 or fbgemm's fp16 ones, another attention backend, the
+    batch-invariant one included). A tensor-parallel rank's layers pass these checks (its config is its share);
+    ``parallelize`` drops the loop when it wraps them for the all-reduce, which the loop does not do."""
+    if not isinstance(attention, CpuAttention) or attention.batch_invariant:
+        return None
+    if layer_ops.name != "cpu" or config.hidden_act != "silu":
         return None
     if not layers or not all(_plain(layer, config) for layer in layers):
         return None

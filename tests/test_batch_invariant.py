@@ -1,0 +1,124 @@
+"""Batch-invariant mode (``--batch-invariant``): a request's tokens do not depend on what else the engine runs.
+
+The pieces are checked first: the row-invariant bf16 kernel gives a row the same bits at any row count, and the
+attention backend gives a sequence the same bits alone, beside others, in one chunk or in many, decoding or
+prefilling. Then the whole engine, on the real SmolLM2 in bf16 and in fp32: a seeded request with ``n = 3`` (the
+choices share the prompt through the prefix cache) samples the same tokens alone, in the middle of a batch of other
+requests, and with a KV pool so small that requests are preempted and recomputed."""
+
+import random
+
+import pytest
+import torch
+
+from kernels import cpu
+from kernels.backend import AttentionBatch, BatchInvariantCpuAttention
+from server import LLM
+from server.config import EngineConfig
+from server.engine.request import SamplingParams
+from server.models.linear import fp16_weight_gemm_available
+
+COMPILED = cpu.load()
+needs_compiler = pytest.mark.skipif(COMPILED is None, reason="no C++ compiler: no compiled kernels")
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+SEEDED = SamplingParams(temperature=0.8, top_p=0.95, seed=1234, max_tokens=24)
+WORDS = ["cat", "river", "stone", "light", "music", "green", "old", "runs", "under", "the"]
+
+
+@needs_compiler
+def test_a_rows_bf16_product_is_the_same_bits_at_any_row_count() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(1536, 576).to(torch.bfloat16)
+    x = torch.randn(40, 576).to(torch.bfloat16)
+    whole = COMPILED.row_invariant_linear(x, weight)
+    for rows in (1, 2, 3, 5, 8, 9, 17):
+        for first in (0, 3, 20):
+            assert torch.equal(COMPILED.row_invariant_linear(x[first:first + rows], weight), whole[first:first + rows])
+    exact = torch.nn.functional.linear(x.float(), weight.float())
+    torch.testing.assert_close(whole.float(), exact, rtol=1e-2, atol=0.3)  # bf16 output rounding at |y| ~ 50
+
+
+def _paged(seq_len: int, block_size: int, first_block: int) -> list[int]:
+    return list(range(first_block, first_block + (seq_len + block_size - 1) // block_size))
+
+
+@needs_compiler
+def test_attention_gives_a_sequence_the_same_bits_alone_chunked_decoding_or_beside_others() -> None:
+    torch.manual_seed(1)
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    k_cache = torch.randn(400, block_size, kv_heads, head_dim).to(torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    backend = BatchInvariantCpuAttention(torch.device("cpu"), COMPILED)
+    length = 150
+    table = _paged(length, block_size, 10)
+    queries = torch.randn(length, heads, head_dim).to(torch.bfloat16)
+
+    def attend(chunk: range, others: int, rng: random.Random) -> torch.Tensor:
+        """The chunk's rows, as prefill rows after ``others`` decoding sequences and beside a prefilling one."""
+        decode_lens = [rng.randint(1, 300) for _ in range(others)]
+        decode_tables = [_paged(n, block_size, 100 + 20 * i) for i, n in enumerate(decode_lens)]
+        other_new, other_len = 7, 90
+        batch = AttentionBatch(
+            slot_mapping=[],
+            decode_block_tables=decode_tables,
+            decode_seq_lens=decode_lens,
+            prefill_block_tables=[_paged(other_len, block_size, 350), table],
+            prefill_query_starts=[0, other_new, other_new + len(chunk)],
+            prefill_seq_lens=[other_len, chunk.stop],
+        )
+        beside = torch.randn(others + other_new, heads, head_dim).to(torch.bfloat16)
+        q = torch.cat([beside, queries[chunk.start:chunk.stop]])
+        meta = backend.prepare(batch)
+        assert meta.num_decode_tokens == 0
+        out = backend.prefill(q, q, q, k_cache, v_cache, meta, head_dim**-0.5)
+        return out[others + other_new:]
+
+    rng = random.Random(0)
+    whole = attend(range(0, length), 0, rng)
+    for cuts in ([0, 37, length], [0, 16, 100, 149, length], list(range(length + 1))):
+        for others in (0, 5):
+            pieces = [attend(range(a, b), others, rng) for a, b in zip(cuts, cuts[1:], strict=False)]
+            assert torch.equal(torch.cat(pieces), whole)
+    decoding_last = BatchInvariantCpuAttention(torch.device("cpu"), COMPILED)
+    meta = decoding_last.prepare(AttentionBatch([], [table], [length], [], [0], []))
+    last = decoding_last.prefill(queries[-1:], queries, queries, k_cache, v_cache, meta, head_dim**-0.5)
+    assert torch.equal(last, whole[-1:])
+
+
+def _others(count: int, rng: random.Random) -> tuple[list[str], list[SamplingParams]]:
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 120))) for _ in range(count)]
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=rng.randint(4, 32)) for i in range(count)]
+    return prompts, params
+
+
+def _choices(llm: LLM, others: int) -> list[list[int]]:
+    """The seeded request's three choices, run alone (``others`` 0) or in the middle of ``others`` requests."""
+    prompts, params = _others(others, random.Random(others))
+    half = others // 2
+    outputs = llm.generate(prompts[:half] + [PROMPT] + prompts[half:], params[:half] + [SEEDED] + params[half:], n=3)
+    return [list(choice.token_ids) for choice in outputs[half].outputs]
+
+
+@needs_compiler
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_seeded_choices_are_the_same_alone_in_a_batch_and_when_preempted(smollm_folder, dtype: str) -> None:
+    if dtype == "float32" and not fp16_weight_gemm_available():
+        pytest.skip("no fbgemm: fp32 compute has no fp16-weight GEMM here")
+    llm = LLM(smollm_folder, dtype=dtype, max_num_seqs=32, batch_invariant=True)
+    assert llm.engine.runner.model.one_call_decode is None
+    alone = _choices(llm, 0)
+    assert len({tuple(choice) for choice in alone}) > 1  # seed + choice: the choices are sampled, not copies
+    assert _choices(llm, 24) == alone
+    small = LLM(smollm_folder, dtype=dtype, max_num_seqs=32, batch_invariant=True, kv_cache_memory=5 * 2**20)
+    preempt = small.engine.scheduler._preempt
+    preempted = []
+    small.engine.scheduler._preempt = lambda request: (preempted.append(request.request_id), preempt(request))
+    assert _choices(small, 24) == alone
+    assert preempted  # a pool of about 14 blocks cannot hold the batch: requests were recomputed
+
+
+def test_batch_invariant_mode_refuses_quantized_weights() -> None:
+    with pytest.raises(ValueError, match="batch-invariant mode"):
+        EngineConfig(batch_invariant=True, quantization="int8")
