@@ -4,10 +4,13 @@ The pieces are checked first: the row-invariant bf16 kernel gives a row the same
 attention backend gives a sequence the same bits alone, beside others, in one chunk or in many, decoding or
 prefilling. Then the whole engine, on the real SmolLM2 in bf16 and in fp32: a seeded request with ``n = 3`` (the
 choices share the prompt through the prefix cache) samples the same tokens alone, in the middle of a batch of other
-requests, and with a KV pool so small that requests are preempted and recomputed."""
+requests, and with a KV pool so small that requests are preempted and recomputed; and a served request's ``n``
+seeded choices are the same alone and while other requests stream."""
 
+import concurrent.futures
 import random
 
+import httpx
 import pytest
 import torch
 
@@ -17,6 +20,8 @@ from server import LLM
 from server.config import EngineConfig
 from server.engine.request import SamplingParams
 from server.models.linear import fp16_weight_gemm_available
+from tests.api_server import APIServer
+from tests.ops_stack import wait_until
 
 COMPILED = cpu.load()
 needs_compiler = pytest.mark.skipif(COMPILED is None, reason="no C++ compiler: no compiled kernels")
@@ -122,3 +127,35 @@ def test_seeded_choices_are_the_same_alone_in_a_batch_and_when_preempted(smollm_
 def test_batch_invariant_mode_refuses_quantized_weights() -> None:
     with pytest.raises(ValueError, match="batch-invariant mode"):
         EngineConfig(batch_invariant=True, quantization="int8")
+
+
+def _seeded_completion(base_url: str) -> list[str]:
+    body = {"model": "smollm", "prompt": PROMPT, "n": 3, "seed": 1234, "temperature": 0.8, "top_p": 0.95,
+            "max_tokens": 40}
+    response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
+    response.raise_for_status()
+    return [choice["text"] for choice in sorted(response.json()["choices"], key=lambda choice: choice["index"])]
+
+
+@needs_compiler
+@pytest.mark.server
+def test_a_served_seeded_request_with_n_choices_is_the_same_alone_and_under_load(smollm_folder) -> None:
+    server = APIServer(smollm_folder, "--dtype", "bfloat16", "--batch-invariant").wait_ready()
+    pool = concurrent.futures.ThreadPoolExecutor(8)
+    try:
+        info = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        assert 'attention_backend="cpu-batch-invariant"' in info
+        alone = _seeded_completion(server.base_url)
+        assert len(set(alone)) > 1
+        prompts, _ = _others(8, random.Random(8))
+        load = [pool.submit(httpx.post, f"{server.base_url}/v1/completions", timeout=300,
+                            json={"model": "smollm", "prompt": p, "max_tokens": 48, "temperature": 1.0})
+                for p in prompts]  # fmt: skip
+        wait_until(lambda: server.engine_state()["num_unfinished"] >= 4, 60, interval=0.05,
+                   what="other requests are in the engine")  # fmt: skip
+        assert _seeded_completion(server.base_url) == alone
+        assert all(future.result().status_code == 200 for future in load)
+        server.wait_all_blocks_free()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        server.stop()
