@@ -142,6 +142,7 @@ def test_a_prompt_too_long_for_any_context_is_refused_by_its_length_while_others
             error = refusal.result().json()["error"]
             # Only the length check, before any tokenizing, speaks of characters.
             assert refusal.result().status_code == 400 and error["param"] == "prompt"
+            assert error["code"] == "context_length_exceeded" and "maximum context length" in error["message"]
             assert "characters" in error["message"]
 
 

@@ -174,7 +174,7 @@ def test_a_server_takes_jwts_beside_api_keys(smollm_folder, keys, tmp_path):
         assert models(token(keys["ed-1"], "ed-1")).status_code == 200
         assert models("plain-key").status_code == 200
         expired = models(token(keys["ec-1"], "ec-1", exp=int(time.time()) - 60))
-        assert expired.status_code == 401 and expired.json()["error"]["code"] == "invalid_token"
+        assert expired.status_code == 401 and expired.json()["error"]["code"] == "invalid_api_key"
         assert "expired" in expired.json()["error"]["message"]
     finally:
         server.stop()

@@ -119,6 +119,7 @@ def test_every_route_but_the_probes_needs_a_key(server, method, path):
         response = httpx.request(method, f"{server.base_url}{path}", headers=headers, json=completion(), timeout=30)
         assert response.status_code == 401, (headers, response.text)
         assert response.json()["error"]["code"] == "invalid_api_key"
+        assert response.json()["error"]["type"] == "invalid_request_error"  # OpenAI's type for a bad key
     response = httpx.request(method, f"{server.base_url}{path}", headers=bearer(KEY_FLAG),
                              json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
                              if "chat" in path else completion(), timeout=60)

@@ -14,7 +14,7 @@ from server.bench.serve.summary import SLO, distribution, parse_slo, summarize, 
 from tests.api_server import shared_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-NOT_FOUND = "HTTP 404 not_found_error: The model `no-such-model` does not exist. This server serves: `smollm`."
+NOT_FOUND = "HTTP 404 invalid_request_error: The model `no-such-model` does not exist. This server serves: `smollm`."
 
 
 def record(index: int = 0, *, ttft: float = 0.1, itl: tuple[float, ...] = (0.05, 0.05, 0.05), latency: float = 0.3,
@@ -87,8 +87,8 @@ def test_failures_are_grouped_by_reason_most_frequent_first():
 
 
 def test_http_errors_name_status_type_and_message():
-    body = b'{"error": {"message": "The model `x` does not exist.", "type": "not_found_error", "code": null}}'
-    assert http_error(404, body) == "HTTP 404 not_found_error: The model `x` does not exist."
+    body = b'{"error": {"message": "The model `x` does not exist.", "type": "invalid_request_error", "code": null}}'
+    assert http_error(404, body) == "HTTP 404 invalid_request_error: The model `x` does not exist."
     assert http_error(502, b"<html>bad gateway</html>") == "HTTP 502: <html>bad gateway</html>"
     assert http_error(503, b"") == "HTTP 503"
 

@@ -16,18 +16,9 @@ from server.engine.request import InvalidRequestError
 
 logger = logging.getLogger("vigil.api")
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    431: "invalid_request_error",
-    500: "server_error",
-    503: "service_unavailable",
-}
+# OpenAI's types: a client's fault is an invalid_request_error whatever its status (a bad key, an unknown model),
+# a rate limit a rate_limit_error, and the server's fault a server_error. Clients branch on the status and `code`.
+_TYPES = {429: "rate_limit_error"}
 
 
 class APIError(Exception):
@@ -117,7 +108,7 @@ async def _api_error(request: Request, error: APIError) -> Response:
 
 
 async def _invalid_request(request: Request, error: InvalidRequestError) -> Response:
-    return invalid_request(str(error), param=error.param).response()
+    return invalid_request(str(error), param=error.param, code=error.code).response()
 
 
 async def _validation_error(request: Request, error: RequestValidationError) -> Response:

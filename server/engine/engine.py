@@ -10,7 +10,14 @@ from server.engine.flops import ModelFlops
 from server.engine.model_runner import ModelRunner, ModelRunnerOutput
 from server.engine.output_processor import OutputProcessor
 from server.engine.repetition import RepetitionDetector
-from server.engine.request import InvalidRequestError, Request, RequestOutput, RequestStatus, SamplingParams
+from server.engine.request import (
+    CONTEXT_LENGTH_EXCEEDED,
+    InvalidRequestError,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    SamplingParams,
+)
 from server.engine.scheduler import Scheduler, SchedulerOutput
 from server.engine.spec_decode.proposers import can_speculate, proposer_for
 from server.engine.stats import CacheInfo, EngineInfo, FinishedRequestStats, RequestEvent, StepStats
@@ -78,9 +85,11 @@ class LLMEngine:
         """Refuse, by its length alone and before any tokenizing, a text too long to fit the context."""
         if len(text) > self.max_prompt_chars:
             raise InvalidRequestError(
-                f"the prompt has {len(text)} characters; no text over {self.max_prompt_chars} fits this model's "
-                f"{self.max_model_len} tokens",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, the prompt has "
+                f"{len(text)} characters, and no text over {self.max_prompt_chars} fits in that many tokens. "
+                "Please reduce the length of the prompt.",
                 param="prompt",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
 
     def make_request(
@@ -107,14 +116,19 @@ class LLMEngine:
         room = self.max_model_len - len(token_ids)
         if room < 1:
             raise InvalidRequestError(
-                f"the prompt has {len(token_ids)} tokens; this model allows at most {self.max_model_len - 1}",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, the prompt has "
+                f"{len(token_ids)} tokens, which leaves no room for a completion. Please reduce the length of the "
+                "prompt.",
                 param="prompt",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
         if params.max_tokens is not None and params.max_tokens > room:
             raise InvalidRequestError(
-                f"prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-                f"maximum context length of {self.max_model_len}",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(token_ids) + params.max_tokens} tokens ({len(token_ids)} in the prompt, {params.max_tokens} "
+                "for the completion). Please reduce the length of the prompt or of the completion.",
                 param="max_tokens",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
         request = Request(
             request_id=request_id,

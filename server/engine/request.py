@@ -103,12 +103,16 @@ def _range(bounds: tuple[float, float]) -> str:
     return f"must be in [{bounds[0]:g}, {bounds[1]:g}]"
 
 
-class InvalidRequestError(ValueError):
-    """A request the engine refuses; ``param`` names the offending field."""
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses; ``param`` names the offending field, ``code`` is OpenAI's error code if any."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class QueueFullError(RuntimeError):

@@ -36,4 +36,4 @@ class Authenticator:
         try:
             return await self.jwt.identify(token)
         except InvalidToken as error:
-            raise APIError(401, str(error), code="invalid_token") from None
+            raise APIError(401, str(error), code="invalid_api_key") from None
