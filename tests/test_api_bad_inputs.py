@@ -74,7 +74,7 @@ BAD_COMPLETIONS = {
     "prompt + max_tokens over max-model-len": (completion(prompt=[100] * 1000, max_tokens=100), "max_tokens"),
     "prompt alone over max-model-len": (completion(prompt=[100] * (MAX_MODEL_LEN + 5)), "prompt"),
     "temperature below 0": (completion(temperature=-0.5), "temperature"),
-    "top_p 0": (completion(top_p=0.0), "top_p"),
+    "top_p below 0": (completion(top_p=-0.1), "top_p"),
     "top_p above 1": (completion(top_p=1.5), "top_p"),
     "huge n": (completion(n=10**6), "n"),
     "n 0": (completion(n=0), "n"),

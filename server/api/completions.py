@@ -34,9 +34,9 @@ router = APIRouter(tags=["completions"])
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses={**ERROR_RESPONSES, **STREAM_RESPONSE})
 async def create_completion(body: CompletionRequest, request: Request, state: State, caller: RateLimitedCaller):
-    to = route(state, body.model, body.prompts(), body.max_tokens)
+    to = route(state, body.model, body.prompts(), body.output_limit)
     reject_unsupported(body.unsupported_field())
-    params = body.sampling_params(body.max_tokens)
+    params = body.sampling_params(body.output_limit)
     engine = to.engine
     grammar = await compile_grammar(state.grammars[to.model], requested_grammar(body))
     generation = await in_tokenizer_pool(

@@ -22,6 +22,8 @@ MAX_MESSAGES = 1024
 MAX_CACHE_SALT_LENGTH = 256
 MAX_GUIDED_CHOICES = 1024
 MAX_TOOLS = 128
+DEFAULT_COMPLETION_TOKENS = 16
+LEGACY_CALL_ID = "call_legacy"
 
 
 def _encodable(value: str) -> str:
@@ -90,7 +92,7 @@ class SamplingRequest(RequestModel):
     model: Text | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)  # 0, as OpenAI accepts it: greedy
     top_k: int | None = Field(default=None, ge=-1)
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
@@ -130,9 +132,10 @@ class SamplingRequest(RequestModel):
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        greedy = self.top_p == 0.0
         return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
+            temperature=0.0 if greedy else 1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None or greedy else self.top_p,
             top_k=-1 if self.top_k is None else self.top_k,
             seed=self.seed,
             max_tokens=max_tokens,
@@ -154,12 +157,17 @@ class CompletionRequest(SamplingRequest):
         | TokenIds
         | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
     )
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=DEFAULT_COMPLETION_TOKENS, ge=1)
     echo: bool | None = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     # Accepted only at their defaults: Vigil does not compute these.
     suffix: Text | None = None
     best_of: int | None = None
+
+    @property
+    def output_limit(self) -> int:
+        """OpenAI's default for a null ``max_tokens`` too (the SDK sends null for None)."""
+        return DEFAULT_COMPLETION_TOKENS if self.max_tokens is None else self.max_tokens
 
     @property
     def num_logprobs(self) -> int | None:
@@ -193,6 +201,11 @@ class TextPart(RequestModel):
     text: Text
 
 
+class RefusalPart(RequestModel):
+    type: Literal["refusal"]
+    refusal: Text
+
+
 class FunctionCall(RequestModel):
     name: Text
     arguments: Text  # JSON text, as OpenAI sends it
@@ -205,24 +218,33 @@ class MessageToolCall(RequestModel):
 
 
 class ChatMessage(RequestModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)] | None = None
+    """Legacy ``function`` messages and an assistant's ``function_call`` are read as a tool result and a tool call;
+    an assistant's refusal (its ``refusal`` field or refusal parts) is its text."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Text | Annotated[list[TextPart | RefusalPart], Field(max_length=MAX_MESSAGES)] | None = None
+    refusal: Text | None = None
     name: Text | None = None
     tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    function_call: FunctionCall | None = None
     tool_call_id: Text | None = None
 
     @model_validator(mode="after")
     def _has_content(self) -> "ChatMessage":
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            needs = "content or tool_calls" if self.role == "assistant" else "content"
+        if self.role == "function":
+            self.role = "tool"
+        if self.function_call is not None and self.role == "assistant" and not self.tool_calls:
+            self.tool_calls = [MessageToolCall(id=LEGACY_CALL_ID, function=self.function_call)]
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.refusal)):
+            needs = "content, refusal or tool_calls" if self.role == "assistant" else "content"
             raise ValueError(f"a {self.role} message needs {needs}")
         return self
 
     @property
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+            return "".join(part.text if isinstance(part, TextPart) else part.refusal for part in self.content)
+        return self.content or self.refusal or ""
 
 
 class FunctionDefinition(RequestModel):
@@ -254,6 +276,13 @@ class ChatCompletionRequest(SamplingRequest):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
+    # OpenAI's deprecated form of tools: served as tools, answered with one ``function_call``.
+    functions: Annotated[list[FunctionDefinition], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    function_call: Literal["none", "auto"] | NamedFunction | None = None
+
+    @property
+    def legacy_functions(self) -> bool:
+        return self.functions is not None
 
     @property
     def output_limit(self) -> int | None:
@@ -342,6 +371,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] = Field(default_factory=list, exclude_if=_is_empty)
+    function_call: ToolCallFunction | None = Field(default=None, exclude_if=_is_none)  # for legacy ``functions``
 
 
 class ChatChoice(BaseModel):
@@ -381,6 +411,7 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=_is_none)
     content: str | None = Field(default=None, exclude_if=_is_none)
     tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=_is_none)
+    function_call: DeltaFunctionCall | None = Field(default=None, exclude_if=_is_none)
 
 
 class ChatChunkChoice(BaseModel):

@@ -12,11 +12,13 @@ from server.api.protocol import (
     ChatCompletionRequest,
     DeltaFunctionCall,
     DeltaToolCall,
+    NamedFunction,
     NamedToolChoice,
     Tool,
     ToolCall,
     ToolCallFunction,
 )
+from server.api.structured_output import JSON_OPTIONS
 from server.api.tool_parsers import ParsedText, ParsedToolCall, ToolCallStream, ToolParser
 
 ToolMode = Literal["none", "auto", "required", "named"]
@@ -40,10 +42,25 @@ class ToolPlan:
         return None
 
 
+def answer_or_calls(answer: GrammarSpec, plan: ToolPlan, parser: ToolParser) -> GrammarSpec:
+    """Under ``auto``, a format constrains the final answer only, as OpenAI's does: the output is either the
+    answer, or tool calls in the parser's format. Only a JSON answer can be told apart from a call."""
+    if answer.kind != "json_schema":
+        raise invalid_request(f"{answer.param} with tools under tool_choice auto must be a JSON schema, so that "
+                              "a final answer can be told apart from a tool call", param=answer.param,
+                              code="unsupported")
+    schema = json.loads(answer.source) | {"x-guidance": JSON_OPTIONS}
+    tools = [tool.model_dump(exclude_none=True) for tool in plan.offered]
+    lark = f"start: answer | calls\nanswer: %json {json.dumps(schema)}\n"
+    return GrammarSpec("grammar", lark + parser.calls_grammar(tools, plan.parallel, JSON_OPTIONS), answer.param)
+
+
 def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
     """Raises APIError 400 for a tool_choice that the tools cannot satisfy."""
     tools, choice = body.tools or [], body.tool_choice
     parallel = body.parallel_tool_calls is not False
+    if body.functions is not None or body.function_call is not None:
+        tools, choice, parallel = _legacy_tools(body), _legacy_choice(body.function_call), False
     if choice is None:
         choice = "auto" if tools else "none"
     if choice != "none" and not tools:
@@ -55,6 +72,21 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
                                   param="tool_choice")
         return ToolPlan("named", tools, named, parallel)
     return ToolPlan(choice, [] if choice == "none" else tools, None, parallel)
+
+
+def _legacy_tools(body: ChatCompletionRequest) -> list[Tool]:
+    """OpenAI's deprecated ``functions``, served as tools; its answer holds one call."""
+    if body.functions is None:
+        raise invalid_request("function_call needs functions", param="function_call")
+    if body.tools is not None or body.tool_choice is not None:
+        raise invalid_request("send tools or the legacy functions, not both", param="functions")
+    return [Tool(type="function", function=function) for function in body.functions]
+
+
+def _legacy_choice(function_call: str | NamedFunction | None) -> str | NamedToolChoice | None:
+    if isinstance(function_call, NamedFunction):
+        return NamedToolChoice(type="function", function=function_call)
+    return function_call
 
 
 def _required_schema(tools: list[Tool], parallel: bool) -> dict:
@@ -98,8 +130,10 @@ def read_message(plan: ToolPlan, parser: ToolParser, text: str) -> ParsedText:
     return ParsedText(content=text)
 
 
-def finish_reason(reason: str | None, made_calls: bool) -> str | None:
-    return "tool_calls" if made_calls and reason == "stop" else reason
+def finish_reason(reason: str | None, made_calls: bool, legacy: bool = False) -> str | None:
+    if made_calls and reason == "stop":
+        return "function_call" if legacy else "tool_calls"
+    return reason
 
 
 class ToolCallDeltas:

@@ -57,3 +57,8 @@ class ToolParser(ABC):
     @abstractmethod
     def format_result(self, content: str) -> str:
         """A tool's result, as the model expects to read it."""
+
+    @abstractmethod
+    def calls_grammar(self, tools: list[dict], parallel: bool, json_options: dict) -> str:
+        """Lark rules whose rule ``calls`` is one call of ``tools`` (OpenAI tool objects) in the model's format, or
+        several when ``parallel``; each call's JSON is written with llguidance's ``json_options``."""

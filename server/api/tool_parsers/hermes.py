@@ -35,6 +35,17 @@ class HermesToolParser(ToolParser):
     def format_result(self, content: str) -> str:
         return f"<tool_response>\n{content}\n</tool_response>"
 
+    def calls_grammar(self, tools: list[dict], parallel: bool, json_options: dict) -> str:
+        shapes = [
+            {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+             "properties": {"name": {"const": tool["function"]["name"]},
+                            "arguments": tool["function"].get("parameters") or {"type": "object"}}}
+            for tool in tools
+        ]
+        call = {"anyOf": shapes, "x-guidance": json_options}
+        more = ' ("\\n" call)*' if parallel else ""
+        return f'calls: call{more}\ncall: "{OPEN}\\n" %json {json.dumps(call)} "\\n{CLOSE}"\n'
+
 
 class HermesStream(ToolCallStream):
     """Outside a call, content flows out except a tail that could still begin ``<tool_call>``; inside one, text is
