@@ -154,7 +154,11 @@ class ServerConfig:
     max_request_bytes: int = 4 * 2**20
     max_header_bytes: int = 16 * 2**10
     header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    tls_handshake_timeout: float = 10.0
     max_connections: int = 1024
+    # 0: no cap per address (behind a proxy, every connection comes from the proxy's address).
+    max_connections_per_client: int = 128
     tls: TLSConfig | None = None
     shutdown_timeout: float = 30.0
     # HAProxy's agent check (server/api/agent_check.py) listens here when set.
@@ -177,8 +181,10 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive")
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown_timeout must not be negative")
-        if self.header_timeout <= 0 or self.max_connections < 1:
-            raise ValueError("header_timeout and max_connections must be positive")
+        if min(self.header_timeout, self.body_timeout, self.tls_handshake_timeout) <= 0 or self.max_connections < 1:
+            raise ValueError("header_timeout, body_timeout, tls_handshake_timeout and max_connections must be positive")
+        if self.max_connections_per_client < 0:
+            raise ValueError("max_connections_per_client must not be negative (0: no cap per address)")
         if self.tls is not None and self.tls.cert_reqs not in (0, 1, 2):
             raise ValueError("ssl_cert_reqs must be 0 (none), 1 (optional) or 2 (required)")
         if self.tls is not None and self.tls.cert_reqs and not self.tls.ca_certs:

@@ -28,8 +28,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help="largest request body, e.g. 4MiB")
     group.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
                        help="seconds a client gets to send a whole request head; then 408 and the connection closes")
+    group.add_argument("--body-timeout", type=float, default=defaults.body_timeout,
+                       help="seconds a client gets to send a whole request body after its head; then 408 and the "
+                            "connection closes")
     group.add_argument("--max-connections", type=int, default=defaults.max_connections,
                        help="connections open at once; one more gets 503 and is closed")
+    group.add_argument("--max-connections-per-client", type=int, default=defaults.max_connections_per_client,
+                       help="connections open at once from one client address; one more gets 503 and is closed; "
+                            "0: no cap (behind a proxy, set 0 or at least the proxy's maxconn)")
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                        help="seconds that requests in flight get to finish after SIGTERM")
     group.add_argument("--agent-port", type=int, default=None,
@@ -68,6 +74,8 @@ def _add_tls_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ssl-ca-certs", default=None, help="CA certificates that client certificates must chain to")
     group.add_argument("--ssl-cert-reqs", type=int, default=0, choices=[0, 1, 2],
                        help="client certificates: 0 none, 1 optional, 2 required")
+    group.add_argument("--tls-handshake-timeout", type=float, default=ServerConfig().tls_handshake_timeout,
+                       help="seconds a client gets to finish the TLS handshake; then the connection closes")
 
 
 def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
@@ -128,7 +136,10 @@ def server_config_from_args(args: argparse.Namespace, environ: dict[str, str], s
         rate_limit_tpm=args.rate_limit_tpm,
         max_request_bytes=args.max_request_bytes,
         header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        tls_handshake_timeout=args.tls_handshake_timeout,
         max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
         tls=tls,
         shutdown_timeout=args.shutdown_timeout,
         tool_call_parser=args.tool_call_parser,

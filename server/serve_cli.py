@@ -8,6 +8,7 @@ exits 0. A second signal stops at once.
 import argparse
 import logging
 import os
+import resource
 import threading
 from typing import TYPE_CHECKING
 
@@ -17,11 +18,12 @@ from server.serve_models import ServedModels, served_models_from_args
 from telemetry.logging import configure_logging
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Callable
 
     from server.api.draining_server import DrainingServer
     from server.api.router import ModelRouter
-    from server.config import EngineConfig, TLSConfig
+    from server.config import EngineConfig, ServerConfig
     from server.engine.engine import LLMEngine
     from telemetry.service import Telemetry
 
@@ -96,7 +98,6 @@ def build_server(args: argparse.Namespace, environ: dict[str, str]) -> "Draining
 
     from server.api.app import create_app
     from server.api.draining_server import DrainingServer
-    from server.api.http_protocol import guarded_h11_protocol
     from server.api.lifecycle import Lifecycle
     from server.models.loader import locate_model
 
@@ -109,6 +110,7 @@ def build_server(args: argparse.Namespace, environ: dict[str, str]) -> "Draining
     logger.info("serving %s", served.memory_split())
     lifecycle = Lifecycle()
     app = create_app(router.default.engine, server_config, lifecycle, telemetry, router=router)
+    raise_open_files_limit()
     uvicorn_config = uvicorn.Config(
         app,
         host=server_config.host,
@@ -116,12 +118,11 @@ def build_server(args: argparse.Namespace, environ: dict[str, str]) -> "Draining
         # h11, not httptools: httptools buffers request headers without bound, h11 stops at a limit. Headers
         # past max_header_bytes get an OpenAI-style 431 from the middleware; h11 cuts off (with a plain 400)
         # only heads so large that the middleware would never see them.
-        http=guarded_h11_protocol(server_config.header_timeout, server_config.max_connections),
+        http=http_protocol(server_config),
         h11_max_incomplete_event_size=HEAD_LIMIT_FACTOR * server_config.max_header_bytes,
         timeout_graceful_shutdown=CLOSE_GRACE_S,
         server_header=False,
         log_config=None,  # keep the logging that server.__main__ configured
-        **tls_settings(server_config.tls),
     )
     return DrainingServer(uvicorn_config, lifecycle, router.engines, server_config.shutdown_timeout)
 
@@ -147,8 +148,24 @@ def build_router(served: ServedModels, telemetry: "Telemetry | None", matmul_pea
     return router
 
 
-def tls_settings(tls: "TLSConfig | None") -> dict[str, object]:
-    if tls is None:
-        return {}
-    return {"ssl_keyfile": tls.keyfile, "ssl_certfile": tls.certfile, "ssl_ca_certs": tls.ca_certs,
-            "ssl_cert_reqs": tls.cert_reqs}
+def http_protocol(config: "ServerConfig") -> "Callable[..., asyncio.Protocol]":
+    """What uvicorn's ``http=`` takes: h11 with the head and body deadlines, under TLS (with its handshake deadline)
+    when configured; the connection caps count from the TCP accept. TLS is not uvicorn's, which has no handshake
+    deadline (server/api/tls_handshake.py)."""
+    from server.api.connection_limits import ConnectionLimits
+    from server.api.http_protocol import guarded_h11_protocol
+    from server.api.tls_handshake import tls_context, tls_protocol_factory
+
+    limits = ConnectionLimits(config.max_connections, config.max_connections_per_client)
+    if config.tls is None:
+        return guarded_h11_protocol(config.header_timeout, config.body_timeout, limits)
+    http = guarded_h11_protocol(config.header_timeout, config.body_timeout, None)
+    return tls_protocol_factory(http, tls_context(config.tls), config.tls_handshake_timeout, limits)
+
+
+def raise_open_files_limit() -> None:
+    """Up to the hard limit: every connection the caps allow needs a descriptor, and the default soft limit
+    (often 1,024) is below the default connection cap."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

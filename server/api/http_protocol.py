@@ -1,8 +1,13 @@
-"""uvicorn's h11 protocol with the two limits a server facing the public needs, which uvicorn lacks:
+"""uvicorn's h11 protocol with the limits a server facing the public needs, which uvicorn lacks:
 
 - a request head must arrive in full within ``header_timeout_s`` of the connection opening or of the previous
   response ending, else 408 and the connection closes (a slowloris client holds nothing for long);
-- at most ``max_connections`` connections at once; one more gets 503 and is closed at once.
+- a request body must arrive in full within ``body_timeout_s`` of its head, else 408 (if no response has begun),
+  the connection closes and the handler hears that the client has gone;
+- a response given before the request's body has arrived (a 401, say) carries ``Connection: close`` and the
+  connection closes, instead of waiting for a body nobody will read;
+- the connection caps of ``limits`` (in all and per client address); one more gets 503 and is closed at once.
+  Under TLS the TLS layer beneath counts connections (server/api/tls_handshake.py), and ``limits`` is None.
 """
 
 import asyncio
@@ -10,7 +15,11 @@ import json
 from collections.abc import Callable
 
 import h11
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from server.api.connection_limits import ConnectionLimits, client_address
 
 
 def _refusal(status: int, reason: str, message: str, code: str) -> bytes:
@@ -24,32 +33,88 @@ def _refusal(status: int, reason: str, message: str, code: str) -> bytes:
     return head.encode() + body
 
 
+def _cancelled(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
+
+
 class GuardedH11Protocol(H11Protocol):
     header_timeout_s: float = 10.0
-    max_connections: int = 1024
+    body_timeout_s: float = 30.0
+    limits: ConnectionLimits | None = None
 
     _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+    _admitted_client: str | None = None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.app = self._closing_after_unread_body(self.app)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections:
-            self._refuse(_refusal(503, "Service Unavailable", f"more than {self.max_connections} connections are "
-                                  "open; retry later", "too_many_connections"))
-            return
+        if self.limits is not None:
+            client = client_address(transport)
+            refusal = self.limits.admit(client)
+            if refusal is not None:
+                self._refuse(_refusal(503, "Service Unavailable", refusal.message, refusal.code))
+                return
+            self._admitted_client = client
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._cancel_header_timer()
+        self._watch_body()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._arm_header_timer()
+        self._watch_body()  # a pipelined request may have begun
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_body_timer()
+        if self.limits is not None and self._admitted_client is not None:
+            self.limits.release(self._admitted_client)
+            self._admitted_client = None
         super().connection_lost(exc)
+
+    def _closing_after_unread_body(self, app: ASGIApp) -> ASGIApp:
+        async def app_closing_after_unread_body(scope: Scope, receive: Receive, send: Send) -> None:
+            async def send_closing(message: Message) -> None:
+                headers = message.get("headers", [])
+                if (message["type"] == "http.response.start" and self.conn.their_state is h11.SEND_BODY
+                        and CLOSE_HEADER not in headers):
+                    message = {**message, "headers": [*headers, CLOSE_HEADER]}
+                await send(message)
+
+            await app(scope, receive, send_closing)
+
+        return app_closing_after_unread_body
+
+    def _watch_body(self) -> None:
+        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+            self._cancel_body_timer()
+        elif self._body_timer is None:
+            self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timed_out)
+
+    def _cancel_body_timer(self) -> None:
+        self._body_timer = _cancelled(self._body_timer)
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            # The handler's next receive() says the client has gone, and whatever it sends is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            self.transport.write(_refusal(408, "Request Timeout", f"the request body did not arrive within "
+                                          f"{self.body_timeout_s:g} seconds", "request_timeout"))
+        self.transport.close()
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -58,9 +123,7 @@ class GuardedH11Protocol(H11Protocol):
             self._header_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
 
     def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._header_timer = _cancelled(self._header_timer)
 
     def _head_timed_out(self) -> None:
         self._header_timer = None
@@ -73,7 +136,9 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def guarded_h11_protocol(header_timeout_s: float, max_connections: int) -> Callable[..., GuardedH11Protocol]:
+def guarded_h11_protocol(
+    header_timeout_s: float, body_timeout_s: float, limits: ConnectionLimits | None
+) -> Callable[..., GuardedH11Protocol]:
     """The protocol class uvicorn's ``http=`` takes, with these limits."""
     return type("GuardedH11Protocol", (GuardedH11Protocol,),
-                {"header_timeout_s": header_timeout_s, "max_connections": max_connections})
+                {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s, "limits": limits})
