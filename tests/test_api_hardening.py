@@ -91,6 +91,7 @@ def test_authentication_is_checked_before_any_body_is_read(server):
     sock.sendall(head("POST", "/v1/completions", "Content-Type: application/json", "Content-Length: 100000"))
     answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 401")
+    assert b"connection: close" in answer.lower()  # and closed at once, never waiting for the body
 
 
 def test_two_authorization_headers_are_a_400(server):
