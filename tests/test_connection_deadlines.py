@@ -66,6 +66,26 @@ def tls_socket(server: APIServer, source: str = "127.0.0.1") -> ssl.SSLSocket:
     return server.tls.wrap_socket(raw, server_hostname="127.0.0.1")
 
 
+def trickle_until_closed(sock: socket.socket, piece: bytes, started: float) -> bytes:
+    """Sends ``piece`` of a body every second (which once kept a connection open for ever) and returns what the
+    server answered before it closed the connection, or before the deadline and some slack had passed."""
+    sock.settimeout(1.0)
+    answer = b""
+    while time.monotonic() - started < BODY_TIMEOUT_S + SLACK_S:
+        try:
+            sock.sendall(piece)
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        answer += chunk
+    sock.close()
+    return answer
+
+
 def complete(server: APIServer) -> httpx.Response:
     return httpx.post(f"{server.base_url}/v1/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=30,
                       json={"model": "smollm", "prompt": "Hi", "max_tokens": 1})
@@ -86,21 +106,8 @@ def test_a_body_that_does_not_arrive_in_time_gets_408_and_nothing_is_left_in_the
     started = time.monotonic()
     sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
                  f"Content-Type: application/json\r\n{framing}\r\n\r\n".encode())
-    sock.settimeout(1.0)
-    answer = b""
-    while time.monotonic() - started < BODY_TIMEOUT_S + SLACK_S:  # one body byte a second, which once kept it open
-        try:
-            sock.sendall(b"1\r\n{\r\n" if "chunked" in framing else b"{")
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except OSError:
-            break
-        if not chunk:
-            break
-        answer += chunk
+    answer = trickle_until_closed(sock, b"1\r\n{\r\n" if "chunked" in framing else b"{", started)
     held = time.monotonic() - started
-    sock.close()
     assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer
     assert BODY_TIMEOUT_S - 0.1 <= held < BODY_TIMEOUT_S + SLACK_S
     server.wait_all_blocks_free()
@@ -150,3 +157,39 @@ def test_1024_hostile_holders_leave_livez_and_completions_answering_within_a_sec
     silent_held = [h.seconds for h in holders.held if h.kind == SILENT_TLS]
     assert max(silent_held) < HANDSHAKE_TIMEOUT_S + SLACK_S
     server.wait_all_blocks_free()
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_folder):
+    server = APIServer(tiny_folder, "--max-connections-per-client", "4", "--body-timeout", str(BODY_TIMEOUT_S))
+    yield server.wait_ready()
+    server.stop()
+
+
+def test_without_tls_one_address_past_its_cap_gets_503_while_others_are_served(plain_server):
+    def connect(source: str) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", plain_server.port), timeout=30, source_address=(source, 0))
+
+    held = [connect("127.0.0.5") for _ in range(4)]
+    try:
+        answer = read_until_closed(connect("127.0.0.5"))
+        assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections_from_client" in answer
+        assert httpx.get(f"{plain_server.base_url}/livez", timeout=10).status_code == 200
+        held.pop().close()
+        time.sleep(0.2)
+        again = connect("127.0.0.5")
+        again.sendall(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert read_until_closed(again).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_without_tls_a_trickled_body_gets_408_at_the_deadline(plain_server):
+    sock = socket.create_connection(("127.0.0.1", plain_server.port), timeout=30)
+    started = time.monotonic()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n")
+    answer = trickle_until_closed(sock, b" ", started)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert BODY_TIMEOUT_S - 0.1 <= time.monotonic() - started < BODY_TIMEOUT_S + SLACK_S
+    plain_server.wait_all_blocks_free()
