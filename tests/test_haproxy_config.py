@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from deploy.haproxy.rollout import BACKENDS, GREEN_PERCENT_KEY, ROUTING_MAP
+from server.config import ServerConfig
 from tests.fleet import HAPROXY_CONFIG, HAPROXY_DIR, MAP_IN_CONTAINER, Listeners, haproxy_binary, haproxy_config
 from tests.ops_stack import ROOT
 
@@ -48,6 +49,8 @@ def test_every_backend_balances_by_load_and_hears_each_replicas_agent():
         assert words[words.index("weight") + 1] == "100"
         assert "agent-check" in words and words[words.index("agent-port") + 1] == "8001"
         assert "check" in words
+        # All of HAProxy's connections come from one address: under a replica's per-client cap.
+        assert int(words[words.index("maxconn") + 1]) < ServerConfig().max_connections_per_client
 
 
 def test_requests_a_replica_refused_are_retried_on_another():
