@@ -25,7 +25,7 @@ from server.api.connection_limits import ConnectionLimits, client_address
 def _refusal(status: int, reason: str, message: str, code: str) -> bytes:
     """A whole HTTP response that closes the connection, written without h11 (which cannot answer a request it
     has not received)."""
-    error = {"message": message, "type": "invalid_request_error" if status < 500 else "service_unavailable",
+    error = {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
              "param": None, "code": code}
     body = json.dumps({"error": error}).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
