@@ -72,7 +72,8 @@ def create_app(
     ])
     authenticator = authenticator_for(config)
     tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="vigil-tokenizer")
-    grammars = {model.name: GrammarCompiler(model.engine) for model in router.models.values()}
+    grammars = {model.name: GrammarCompiler(model.engine, config.share_prefix_cache_across_tenants)
+                for model in router.models.values()}
     engines = router.engines
 
     @contextlib.asynccontextmanager

@@ -63,7 +63,8 @@ async def create_chat_completion(
         raise invalid_request("top_logprobs needs logprobs: true", param="top_logprobs")
     plan = tool_plan(body)
     engine, parser = to.engine, state.tool_parser
-    grammar = await compile_grammar(state.grammars[to.model], _one_grammar(requested_grammar(body), plan, parser))
+    grammar = await compile_grammar(state.grammars[to.model], _one_grammar(requested_grammar(body), plan, parser),
+                                   caller.tenant)
     prompt = await in_tokenizer_pool(state, render_chat, engine.tokenizer, body.messages, plan.offered, parser)
     try:
         generation = await in_tokenizer_pool(

@@ -38,7 +38,7 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
     reject_unsupported(body.unsupported_field())
     params = body.sampling_params(body.output_limit)
     engine = to.engine
-    grammar = await compile_grammar(state.grammars[to.model], requested_grammar(body))
+    grammar = await compile_grammar(state.grammars[to.model], requested_grammar(body), caller.tenant)
     generation = await in_tokenizer_pool(
         state, fan_out, engine, new_id("cmpl"), body.prompts(), params, body.num_choices, engine.tokenizer.encode,
         cache_salt_for(state, caller, body.cache_salt), grammar.new_constraint if grammar else None,

@@ -8,6 +8,7 @@ from typing import Literal
 
 from server.api.errors import invalid_request
 from server.api.grammar_spec import GrammarSpec, json_schema_spec
+from server.api.llguidance_grammar import JSON_OPTIONS
 from server.api.protocol import (
     ChatCompletionRequest,
     DeltaFunctionCall,
@@ -18,7 +19,6 @@ from server.api.protocol import (
     ToolCall,
     ToolCallFunction,
 )
-from server.api.structured_output import JSON_OPTIONS
 from server.api.tool_parsers import ParsedText, ParsedToolCall, ToolCallStream, ToolParser
 
 ToolMode = Literal["none", "auto", "required", "named"]
