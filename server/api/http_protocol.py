@@ -7,7 +7,12 @@
 - a response given before the request's body has arrived (a 401, say) carries ``Connection: close`` and the
   connection closes, instead of waiting for a body nobody will read;
 - the connection caps of ``limits`` (in all and per client address); one more gets 503 and is closed at once.
-  Under TLS the TLS layer beneath counts connections (server/api/tls_handshake.py), and ``limits`` is None.
+  Under TLS the TLS layer beneath counts connections (server/api/tls_handshake.py), and ``limits`` is None;
+- a head h11 cannot parse (or too large to buffer) gets an OpenAI-style JSON 400 rather than uvicorn's text.
+
+Every refusal closes lingering, as nginx does: the response is written and the sending side shut, then what the
+client is still sending is read and dropped for up to ``LINGER_S``. Closed at once with unread input, the socket
+would answer with a reset, and the client would see that instead of the refusal.
 """
 
 import asyncio
@@ -20,6 +25,8 @@ from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.api.connection_limits import ConnectionLimits, client_address
+
+LINGER_S = 2.0
 
 
 def _refusal(status: int, reason: str, message: str, code: str) -> bytes:
@@ -46,6 +53,7 @@ class GuardedH11Protocol(H11Protocol):
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     _admitted_client: str | None = None
+    _linger_timer: asyncio.TimerHandle | None = None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -63,6 +71,8 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_timer is not None:
+            return
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._cancel_header_timer()
@@ -73,9 +83,16 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_header_timer()
         self._watch_body()  # a pipelined request may have begun
 
+    def eof_received(self) -> bool | None:
+        if self._linger_timer is not None:
+            self.transport.close()
+            return None
+        return super().eof_received()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         self._cancel_body_timer()
+        self._linger_timer = _cancelled(self._linger_timer)
         if self.limits is not None and self._admitted_client is not None:
             self.limits.release(self._admitted_client)
             self._admitted_client = None
@@ -112,9 +129,10 @@ class GuardedH11Protocol(H11Protocol):
             # The handler's next receive() says the client has gone, and whatever it sends is dropped.
             cycle.disconnected = True
             cycle.message_event.set()
-            self.transport.write(_refusal(408, "Request Timeout", f"the request body did not arrive within "
-                                          f"{self.body_timeout_s:g} seconds", "request_timeout"))
-        self.transport.close()
+            self._refuse(_refusal(408, "Request Timeout", f"the request body did not arrive within "
+                                  f"{self.body_timeout_s:g} seconds", "request_timeout"))
+        else:
+            self.transport.close()
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -131,9 +149,18 @@ class GuardedH11Protocol(H11Protocol):
             self._refuse(_refusal(408, "Request Timeout", f"no complete request head within "
                                   f"{self.header_timeout_s:g} seconds", "request_timeout"))
 
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(_refusal(400, "Bad Request", "the request head is malformed or too large", "invalid_request"))
+
     def _refuse(self, response: bytes) -> None:
         self.transport.write(response)
-        self.transport.close()
+        self._cancel_header_timer()
+        self._cancel_body_timer()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def guarded_h11_protocol(
