@@ -4,6 +4,16 @@ import logging
 import sys
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
+
+# Fields that stdlib loggers pass as ``extra`` for their own formatters: uvicorn's ANSI-coloured copy of its message.
+FOREIGN_INTERNALS = ("color_message",)
+
+
+def drop_foreign_internals(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
+    for key in FOREIGN_INTERNALS:
+        event.pop(key, None)
+    return event
 
 
 def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
@@ -27,7 +37,7 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
+            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), drop_foreign_internals],
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )
