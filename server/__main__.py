@@ -5,6 +5,7 @@ import logging
 import os
 import sys
 
+from kernels.cpu_variants import chosen_variant
 from server import bench_cli, generate_cli, serve_cli
 from server.distributed.environment import launched_rank
 
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        chosen_variant()  # a VIGIL_CPU_ISA this CPU cannot run is refused like a bad flag
         return args.func(args)
     except (ValueError, FileNotFoundError) as error:
         # Flags that do not fit together, a KV cache too small, a model that is missing or unsupported: one

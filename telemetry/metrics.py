@@ -138,8 +138,9 @@ class VigilMetrics:
         )
         self.engine_config = gauge(
             "vigil_engine_config_info",
-            "1, labelled with how the engine computes: its attention backend and dtypes.",
-            ("model", "attention_backend", "dtype", "weight_dtype", "quantization", "device", "tensor_parallel_size"),
+            "1, labelled with how the engine computes: its attention backend, dtypes and CPU kernel variant.",
+            ("model", "attention_backend", "dtype", "weight_dtype", "quantization", "device", "tensor_parallel_size",
+             "cpu_kernels"),
         )
         self.model_weight_bytes = gauge(
             "vigil_model_weight_bytes", "Memory the model's weights take, as stored (quantised or not)."

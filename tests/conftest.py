@@ -8,14 +8,6 @@ import pytest  # noqa: E402
 from server.models.loader import resolve_model_folder  # noqa: E402
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build the C++ kernels once, up front: a server subprocess that had to build them would spend its ready
-    timeout compiling."""
-    from kernels import cpu
-
-    cpu.load()
-
-
 @pytest.fixture(scope="session")
 def smollm_folder():
     """The bundled SmolLM2 GGUF, converted once into the user's cache (as `make serve` would)."""

@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 
 from kernels import cpu, reference
 from kernels.backend import CpuAttention, TorchAttention, select_attention_backend, select_layer_ops
+from kernels.cpu_variants import executable_variants
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    module = cpu.load()
-    assert module is not None, "the C++ decode kernel must build on this machine (g++ and ninja)"
+@pytest.fixture(scope="module", params=executable_variants(), ids=lambda variant: variant.name)
+def compiled(request):
+    """Every ISA variant this CPU can run, each against the torch oracle."""
+    module = cpu.load_variant(request.param)
+    assert module is not None, f"the {request.param.name} kernels must have been built at install"
     return module
 
 
@@ -239,7 +241,7 @@ def test_every_fp8_value_is_read_exactly(compiled, cache_dtype, dtype):
 def test_cpu_tensors_take_the_compiled_kernel_by_default(compiled, monkeypatch):
     monkeypatch.delenv("VIGIL_ATTENTION_BACKEND", raising=False)
     backend = select_attention_backend(torch.device("cpu"))
-    assert isinstance(backend, CpuAttention) and backend.name == "cpu" and backend.compiled is compiled
+    assert isinstance(backend, CpuAttention) and backend.name == "cpu" and backend.compiled is cpu.load()
     monkeypatch.setenv("VIGIL_ATTENTION_BACKEND", "torch")
     assert isinstance(select_attention_backend(torch.device("cpu")), TorchAttention)
     monkeypatch.setenv("VIGIL_ATTENTION_BACKEND", "cuda-magic")
@@ -318,18 +320,16 @@ def test_greedy_tokens_are_argmax_with_its_first_index_on_ties(compiled, rows, w
     assert torch.equal(compiled.greedy_tokens(logits.t().contiguous().t()), expected)  # not contiguous in a row
 
 
-def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load(compiled, tmp_path):
-    """torch's build lock is a file a process killed mid-build leaves behind; the next load must not wait on it."""
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    built = Path(compiled.__file__).parent
-    shutil.copytree(built, tmp_path / built.name)
-    (tmp_path / built.name / "lock").touch()
-    check = "from kernels import cpu; assert cpu.load() is not None"
-    environment = {"PATH": "/usr/bin:/bin", "TORCH_EXTENSIONS_DIR": str(tmp_path), "PYTHONPATH": "."}
-    result = subprocess.run([sys.executable, "-c", check], env=environment, timeout=240, capture_output=True,
-                            text=True, check=False)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_bf16_linear_kernels_are_fp32_sums_of_the_bf16_products(compiled, rows):
+    """Each variant's few-rows and row-invariant kernels (AVX512-BF16 dot products or widened to fp32), and AMX's
+    where it runs: fp32 sums of the bf16 products, rounded once to bf16."""
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 256, generator=generator).bfloat16()
+    x = torch.randn(rows, 256, generator=generator).bfloat16()
+    expected = torch.nn.functional.linear(x.float(), weight.float())
+    outputs = [compiled.few_rows_linear(x, weight), compiled.row_invariant_linear(x, weight)]
+    if compiled.amx_linear_usable():
+        outputs.append(compiled.amx_linear(x, compiled.amx_pack_weight(weight), 96))
+    for out in outputs:
+        torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())

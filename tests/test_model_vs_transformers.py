@@ -2,9 +2,15 @@
 with the CPU's defaults (weight matrices and KV cache in fp16, arithmetic in fp32) against transformers given the
 same fp16 roundings of the weights and of K/V."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from kernels.cpu_variants import executable_variants
 from server import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -91,6 +97,33 @@ def test_all_prompts_in_one_continuous_batch_match_transformers(llm_fp32, refere
     assert len(lengths) == len(PROMPTS), "the batch should mix prompt lengths"
     outputs = llm_fp32.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outputs] == reference_tokens
+
+
+LOWEST_VARIANT_GREEDY = """
+import json, sys
+from server import LLM, SamplingParams
+from kernels import cpu
+prompts, num_tokens = json.loads(sys.argv[1]), int(sys.argv[2])
+llm = LLM(model=sys.argv[3], dtype="float32", weight_dtype="float32", kv_cache_dtype="float32",
+          kv_cache_memory=64 * 2**20)
+outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True))
+print(json.dumps([cpu.variant_name(), llm.engine.info.attention_backend, [o.outputs[0].token_ids for o in outputs]]))
+"""
+
+
+@pytest.mark.skipif(len(executable_variants()) < 2, reason="this CPU runs one variant only, the default")
+def test_the_lowest_cpu_kernel_variant_matches_transformers(smollm_folder, reference_tokens):
+    """The default (highest) variant is the one the tests above run; here VIGIL_CPU_ISA forces the lowest."""
+    lowest = executable_variants()[0].name
+    result = subprocess.run(
+        [sys.executable, "-c", LOWEST_VARIANT_GREEDY, json.dumps(PROMPTS), str(NUM_TOKENS), str(smollm_folder)],
+        env={**os.environ, "VIGIL_CPU_ISA": lowest, "OMP_NUM_THREADS": "2"}, capture_output=True, text=True,
+        timeout=600, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    variant, backend, tokens = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (variant, backend) == (lowest, "cpu")
+    assert tokens == reference_tokens
 
 
 def test_the_converted_model_knows_facts(llm_fp32):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from kernels.cpu_variants import executable_variants
 from server.engine.flops import ModelFlops
 from server.engine.model_runner import kv_bytes_per_block
 from server.models.config import ModelConfig
@@ -134,7 +135,7 @@ def test_infrastructure_gauges_on_a_gpu_less_machine(traffic, smollm_folder):
     assert value(after, "vigil_engine_phase", model="smollm", phase="serving") == 1
     # The server's flags ask for float32 on the CPU, where the C++ kernels serve (when a compiler is there).
     engine = {"attention_backend": "cpu", "dtype": "float32", "weight_dtype": "float16", "quantization": "none",
-              "device": "cpu", "tensor_parallel_size": "1"}
+              "device": "cpu", "tensor_parallel_size": "1", "cpu_kernels": executable_variants()[-1].name}
     assert value(after, "vigil_engine_config_info", model="smollm", **engine) == 1
     assert value(after, "process_resident_memory_bytes") > 0
 

@@ -36,7 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "One to eight rows of x times weights packed by amx_pack_weight, transposed, without tiles");
   m.def("greedy_tokens", &greedy_tokens, "Each row's first highest logit");
   m.def("few_rows_limit", &few_rows_limit, "The rows up to which few_rows_linear beats a bf16 GEMM here");
-  pybind11::class_<DecodeLayers>(m, "DecodeLayers",
+  // module_local: every ISA variant is its own extension with this same type, and a process may load several.
+  pybind11::class_<DecodeLayers>(m, "DecodeLayers", pybind11::module_local(),
                                  "Every decoder layer of a decode step in one call (bf16, or fp16 under fp32)")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &DecodeLayers::add_layer)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import cpu
 from kernels.isa import cpu_flags, cpu_model
 
 # The ISA that decides which kernels can be fast here, as /proc/cpuinfo names it.
@@ -16,11 +17,13 @@ BANDWIDTH_PROBE_BYTES = 512 * 2**20
 class Machine:
     cpu: str
     isa: tuple[str, ...]
+    cpu_kernels: str
     threads: int
     read_bandwidth_bytes_per_second: float
 
     def describe(self) -> str:
         return (f"{self.cpu}, {self.threads} threads, ISA {' '.join(self.isa) or 'baseline'}, "
+                f"CPU kernels {self.cpu_kernels}, "
                 f"read bandwidth {self.read_bandwidth_bytes_per_second / 1e9:.1f} GB/s")
 
 
@@ -40,5 +43,5 @@ def measure_read_bandwidth(repeats: int = 7) -> float:
 
 def this_machine() -> Machine:
     flags = cpu_flags()
-    return Machine(cpu_model(), tuple(flag for flag in ISA_FLAGS if flag in flags), torch.get_num_threads(),
-                   measure_read_bandwidth())
+    return Machine(cpu_model(), tuple(flag for flag in ISA_FLAGS if flag in flags), cpu.variant_name(),
+                   torch.get_num_threads(), measure_read_bandwidth())

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from kernels import cpu
 from kernels.backend import backend_name, select_attention_backend, select_layer_ops
-from kernels.isa import cpu_flags
+from kernels.cpu_variants import chosen_variant
 from server.config import EngineConfig
 from server.engine.block_manager import BlockManager
 from server.engine.engine import LLMEngine
@@ -37,8 +38,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """AMX or AVX512-BF16: without them, bf16 matmuls on the CPU are emulated and slower than fp32."""
-    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+    """AVX512-BF16 (which every CPU with AMX has) in the kernel variant this CPU runs: without it, bf16 matmuls on
+    the CPU are emulated and slower than fp32."""
+    variant = chosen_variant()
+    return variant is not None and "avx512_bf16" in variant.cpu_flags
 
 
 def resolve_dtype(name: str, model_config: ModelConfig, device: torch.device) -> torch.dtype:
@@ -137,6 +140,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     """The one way to make an engine: load the model (on every tensor-parallel rank), size the KV pool, wire the
     scheduler."""
     folder = resolve_model_folder(config.model, Path(config.cache_dir) if config.cache_dir else None)
+    logger.info("loading the model from %s", folder)
     model_config = ModelConfig.from_folder(folder)
     tokenizer = Tokenizer.from_folder(folder)
     if config.tensor_parallel_size > 1:
@@ -160,11 +164,12 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         num_blocks, config.block_size, bytes_per_block, str(device), _dtype_name(kv_dtype)
     )
     attention = model.attention
+    cpu_kernels = cpu.variant_name() if device.type == "cpu" else "none"
     logger.info(
         "KV cache: %d blocks of %d tokens (%.1f MiB) in %s on %s; compute %s, weights %s; attention backend %s; "
-        "tensor parallel size %d",
+        "CPU kernels %s; tensor parallel size %d",
         num_blocks, config.block_size, cache_info.total_bytes / 2**20, kv_dtype, device, dtype, weight_dtype,
-        attention.name, config.tensor_parallel_size,
+        attention.name, cpu_kernels, config.tensor_parallel_size,
     )
     runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, device)
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -177,7 +182,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         block_manager,
     )
     info = EngineInfo(attention.name, _dtype_name(dtype), _dtype_name(weight_dtype), str(device),
-                      config.quantization or "none", model.weight_bytes, config.tensor_parallel_size)
+                      config.quantization or "none", model.weight_bytes, config.tensor_parallel_size,
+                      cpu_kernels)
     return LLMEngine(config, model_config, tokenizer, scheduler, runner, cache_info, info, max_model_len)
 
 

@@ -31,6 +31,7 @@ class EngineInfo:
     quantization: str  # "int8", "int4" or "none"
     weight_bytes: int  # over every tensor-parallel rank
     tensor_parallel_size: int = 1
+    cpu_kernels: str = "none"  # the C++ kernels' ISA variant ("avx2" ... "amx"), "torch" without them, "none" off CPU
 
 
 @dataclass(frozen=True)
