@@ -24,6 +24,7 @@ from server.api.middleware import (
 )
 from server.api.rate_limits import RateLimiter
 from server.api.readiness import AllModelsReady, ReadinessProbe, StatusReport, keep_reporting
+from server.api.ready_line import announce_when_ready
 from server.api.router import ModelRouter, ServedModel
 from server.api.state import ServerState
 from server.api.structured_output import GrammarCompiler
@@ -84,12 +85,14 @@ def create_app(
         if telemetry is not None:
             telemetry.start()
             reporting = asyncio.create_task(keep_reporting(readiness))
+        announcing = asyncio.create_task(announce_when_ready(readiness, config, router))
         agent = None
         if config.agent_port is not None:
             agent = await serve_agent_check(readiness, engine, config.host, config.agent_port)
         try:
             yield
         finally:
+            announcing.cancel()
             if agent is not None:
                 agent.close()
             if reporting is not None:

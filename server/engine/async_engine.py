@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from server.engine.constraint import TokenConstraint
 from server.engine.engine import LLMEngine
 from server.engine.request import Request, RequestOutput, SamplingParams
+from server.engine.stats import EngineInfo
 from server.models.tokenizer import Tokenizer
 
 logger = logging.getLogger("vigil.engine")
@@ -143,6 +144,10 @@ class AsyncEngine:
     @property
     def loading(self) -> bool:
         return self._engine is None and self.load_error is None
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._built().info
 
     @property
     def tokenizer(self) -> Tokenizer:
