@@ -101,6 +101,19 @@ def hmac_signed_with(secret: bytes) -> str:
     return (signing_input + b"." + b64(hmac.new(secret, signing_input, hashlib.sha256).digest())).decode()
 
 
+def with_header(header: dict, keys) -> str:
+    """A token whose header is written by hand (PyJWT will not write these), signed as rsa-1 signs."""
+
+    def b64(data: bytes) -> bytes:
+        return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+    now = int(time.time())
+    claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": "acme", "iat": now, "exp": now + 300}
+    signing_input = b64(json.dumps(header).encode()) + b"." + b64(json.dumps(claims).encode())
+    signature = jwt.get_algorithm_by_name("RS256").sign(signing_input, keys["rsa-1"])
+    return (signing_input + b"." + b64(signature)).decode()
+
+
 def rsa_public_pem(keys) -> bytes:
     return keys["rsa-1"].public_key().public_bytes(serialization.Encoding.PEM,
                                                    serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -119,6 +132,11 @@ REFUSALS = {
     "unknown kid": (lambda keys: token(keys["rsa-1"], "nobody-knows", algorithm="RS256"), "key id"),
     "a key of another type": (lambda keys: token(keys["rsa-1"], "ec-1", algorithm="RS256"), "cannot verify"),
     "no tenant": (lambda keys: token(keys["rsa-1"], "rsa-1", sub=None), "tenant"),
+    # PyJWT raises InvalidTokenError (not DecodeError) for these: each was a 500 before.
+    "a crit header": (lambda keys: with_header({"alg": "RS256", "kid": "rsa-1", "crit": ["exp"]}, keys), "header"),
+    "crit not a list": (lambda keys: with_header({"alg": "RS256", "kid": "rsa-1", "crit": 1}, keys), "header"),
+    "alg a list": (lambda keys: with_header({"alg": ["RS256"], "kid": "rsa-1"}, keys), "not accepted"),
+    "kid an object": (lambda keys: with_header({"alg": "RS256", "kid": {"a": 1}}, keys), "must be a string"),
     "forged signature": (lambda keys: token(rsa.generate_private_key(public_exponent=65537, key_size=2048),
                                             "rsa-1"), "not valid"),
 }

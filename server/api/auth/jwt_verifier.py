@@ -85,11 +85,13 @@ class JWTVerifier:
             header = jwt.get_unverified_header(token)
         except jwt.DecodeError:
             raise InvalidToken("the bearer token is neither a valid API key nor a well-formed JWT") from None
+        except jwt.PyJWTError as error:  # a header PyJWT refuses, such as one with a "crit" it cannot honour
+            raise InvalidToken(f"the JWT's header is not accepted: {error}") from None
         algorithm = header.get("alg")
-        if algorithm not in ALLOWED_ALGORITHMS:
+        if not isinstance(algorithm, str) or algorithm not in ALLOWED_ALGORITHMS:
             raise InvalidToken(f"JWT algorithm {algorithm!r} is not accepted; use one of "
                                f"{', '.join(ALLOWED_ALGORITHMS)}")
-        key = await self.keys.key(header.get("kid"))
+        key = await self.keys.key(header.get("kid"))  # PyJWT has checked that a kid is a string
         if key is None:
             raise InvalidToken("the JWT's key id is not in the identity provider's key set")
         if key.key_type != ALLOWED_ALGORITHMS[algorithm]:
