@@ -6,6 +6,7 @@ import json
 import httpx
 import pytest
 
+from server.api import json_text
 from tests.api_server import shared_server
 
 pytestmark = pytest.mark.server
@@ -100,6 +101,11 @@ BAD_COMPLETIONS = {
     "empty choice list": (completion(guided_choice=[]), "guided_choice"),
     "invalid structured_outputs regex": (completion(structured_outputs={"regex": "(("}), "structured_outputs"),
     "two constraints at once": (completion(guided_regex="a+", guided_choice=["a"]), "guided_choice"),
+    # Nested past Python's recursive JSON parser: a 500 (RecursionError) before.
+    "guided_json text 3,000 arrays deep": (completion(guided_json="[" * 3000 + "]" * 3000), "guided_json"),
+    "guided_json text 100,000 arrays deep": (completion(guided_json="[" * 100_000 + "]" * 100_000), "guided_json"),
+    "structured_outputs.json text 3,000 deep": (completion(structured_outputs={"json": "[" * 3000 + "]" * 3000}),
+                                                "structured_outputs"),
 }
 
 WRONG_TYPES = {
@@ -184,6 +190,23 @@ RAW_BODIES = {
 @pytest.mark.parametrize("raw", RAW_BODIES.values(), ids=RAW_BODIES.keys())
 def test_unparseable_or_non_object_bodies_are_400(http, raw):
     assert_openai_error(http.post(COMPLETIONS, content=raw, headers={"content-type": "application/json"}), 400)
+
+
+@pytest.mark.parametrize("depth", [3000, 100_000])
+def test_tool_call_arguments_nested_past_the_parser_are_read_as_text(http, depth):
+    """A 500 (RecursionError) before; now the arguments reach the template as the text they are."""
+    call = {"id": "call-1", "type": "function", "function": {"name": "f", "arguments": "[" * depth + "]" * depth}}
+    messages = [*OK_MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call-1", "content": "ok"}]
+    response = post_json(http, CHAT, chat(messages=messages))
+    assert response.status_code in (200, 400), response.text
+    assert http.get("/livez").status_code == 200
+
+
+def test_json_text_nested_past_the_parser_is_malformed_json():
+    with pytest.raises(json.JSONDecodeError, match="nested too deeply"):
+        json_text.loads("[" * 100_000 + "]" * 100_000)
+    assert json_text.loads('{"a": [[1]]}') == {"a": [[1]]}
 
 
 def test_a_body_that_is_not_json_at_all_is_400(http):

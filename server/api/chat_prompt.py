@@ -10,6 +10,7 @@ import json
 
 import jinja2
 
+from server.api import json_text
 from server.api.errors import invalid_request
 from server.api.protocol import ChatMessage, Tool
 from server.api.tool_parsers import ToolParser
@@ -70,6 +71,6 @@ def _written_out(messages: list[ChatMessage], tools: list[dict], parser: ToolPar
 
 def _arguments_value(arguments: str) -> object:
     try:
-        return json.loads(arguments)
+        return json_text.loads(arguments)
     except json.JSONDecodeError:
         return arguments

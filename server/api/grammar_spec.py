@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from server.api import json_text
 from server.api.errors import invalid_request
 from server.api.protocol import SamplingRequest
 
@@ -28,12 +29,15 @@ def json_schema_spec(schema: dict[str, Any] | str, param: str) -> GrammarSpec:
     """A schema given as an object, or as JSON text (vLLM accepts both)."""
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
+            schema = json_text.loads(schema)
         except json.JSONDecodeError as error:
             raise invalid_request(f"{param} is not valid JSON: {error}", param=param) from None
         if not isinstance(schema, dict):
             raise invalid_request(f"{param} must be a JSON schema object", param=param)
-    return GrammarSpec("json_schema", json.dumps(schema), param)
+    try:
+        return GrammarSpec("json_schema", json.dumps(schema), param)
+    except RecursionError:
+        raise invalid_request(f"{param} is nested too deeply", param=param) from None
 
 
 def requested_grammar(body: SamplingRequest) -> GrammarSpec | None:

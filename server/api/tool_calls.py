@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
+from server.api import json_text
 from server.api.errors import invalid_request
 from server.api.grammar_spec import GrammarSpec, json_schema_spec
 from server.api.llguidance_grammar import JSON_OPTIONS
@@ -112,7 +113,7 @@ def as_tool_calls(calls: list[ParsedToolCall]) -> list[ToolCall]:
 def _required_calls(text: str) -> ParsedText:
     """The grammar's list of calls; text cut short by max_tokens stays content."""
     try:
-        items = json.loads(text)
+        items = json_text.loads(text)
         calls = [ParsedToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
     except (json.JSONDecodeError, KeyError, TypeError):
         return ParsedText(content=text)

@@ -3,6 +3,7 @@
 
 import json
 
+from server.api import json_text
 from server.api.tool_parsers.base import ParsedText, ParsedToolCall, ToolCallStream, ToolParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -26,7 +27,7 @@ class HermesToolParser(ToolParser):
 
     def format_call(self, name: str, arguments: str) -> str:
         try:
-            arguments_value = json.loads(arguments)
+            arguments_value = json_text.loads(arguments)
         except json.JSONDecodeError:
             arguments_value = arguments
         call = json.dumps({"name": name, "arguments": arguments_value}, ensure_ascii=False)
@@ -94,7 +95,7 @@ class HermesStream(ToolCallStream):
 
 def _read_call(body: str) -> ParsedToolCall | None:
     try:
-        value = json.loads(body)
+        value = json_text.loads(body)
     except json.JSONDecodeError:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
