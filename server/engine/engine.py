@@ -82,12 +82,20 @@ class LLMEngine:
         return self.max_model_len * self.tokenizer.max_token_chars
 
     def check_prompt_length(self, text: str) -> None:
-        """Refuse, by its length alone and before any tokenizing, a text too long to fit the context."""
+        """Refuse a text too long to fit the context: by its length alone where it can, else by counting its
+        tokens a chunk at a time, stopping once the count is past the context (never tokenizing much more)."""
         if len(text) > self.max_prompt_chars:
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, the prompt has "
                 f"{len(text)} characters, and no text over {self.max_prompt_chars} fits in that many tokens. "
                 "Please reduce the length of the prompt.",
+                param="prompt",
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
+        if self.tokenizer.long_text_exceeds(text, self.max_model_len):
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, the prompt has "
+                f"more than {self.max_model_len} tokens. Please reduce the length of the prompt.",
                 param="prompt",
                 code=CONTEXT_LENGTH_EXCEEDED,
             )

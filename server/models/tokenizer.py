@@ -5,7 +5,7 @@ The underlying ``tokenizers.Tokenizer`` is safe to call from several threads at 
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,12 @@ from typing import Any
 import jinja2
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Texts longer than two chunks are counted a chunk at a time before they are tokenized whole, so that one far past
+# the context costs only about a context's worth of tokenizing. A cut (at a space where there is one) can change
+# the count by a few tokens; each cut is allowed that many.
+COUNT_CHUNK_CHARS = 16384
+TOKENS_A_CUT_MAY_CHANGE = 8
 
 
 class Tokenizer:
@@ -59,6 +65,18 @@ class Tokenizer:
         if wants_bos and (not ids or ids[0] != self.bos_token_id):
             ids.insert(0, self.bos_token_id)
         return ids
+
+    def long_text_exceeds(self, text: str, limit: int) -> bool:
+        """Whether a text longer than two chunks surely takes more than ``limit`` tokens, found without tokenizing
+        much past the limit. A shorter text is cheap to tokenize whole, and its whole count decides: False."""
+        if len(text) <= 2 * COUNT_CHUNK_CHARS:
+            return False
+        counted = 0
+        for chunk in _chunks(text, COUNT_CHUNK_CHARS):
+            counted += len(self._backend.encode(chunk, add_special_tokens=False).ids) - TOKENS_A_CUT_MAY_CHANGE
+            if counted > limit:
+                return True
+        return False
 
     def to_json(self) -> str:
         """The tokenizer.json text, for libraries that build their own view of the vocabulary."""
@@ -168,3 +186,16 @@ def _piece_bytes(piece: str, byte_level: bool) -> bytes:
     if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # SentencePiece byte fallback
         return bytes([int(piece[3:5], 16)])
     return piece.replace("\u2581", " ").encode()
+
+
+def _chunks(text: str, size: int) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters, each cut before a space where the piece's last half has
+    one."""
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            space = text.rfind(" ", start + size // 2, end)
+            end = space if space > start else end
+        yield text[start:end]
+        start = end
