@@ -283,6 +283,25 @@ def test_bad_tokenizer_requests_are_400(http):
     assert_openai_error(http.post("/tokenize", json={"messages": [{"role": "user"}]}), 400, "messages")
     assert_openai_error(http.post("/detokenize", json={"tokens": [VOCAB_SIZE]}), 400, "tokens")
     assert_openai_error(http.post("/detokenize", json={"tokens": "abc"}), 400, "tokens")
+    too_many = assert_openai_error(http.post("/detokenize", json={"tokens": [1] * (MAX_MODEL_LEN + 1)}), 400, "tokens")
+    assert too_many["code"] == "context_length_exceeded"
+
+
+# Under the character bound (1,024 tokens x 81 characters, the longest token's) but some 16,000 tokens: counted a
+# chunk at a time and refused once past the context, where it was tokenized whole before (130k tokens at 8,192).
+FAR_PAST_THE_CONTEXT = ("the quick brown fox jumps over the lazy dog " * 2000)[:80_000]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/tokenize", {"prompt": FAR_PAST_THE_CONTEXT}),
+    ("/tokenize", {"messages": [{"role": "user", "content": FAR_PAST_THE_CONTEXT}]}),
+    (COMPLETIONS, completion(prompt=FAR_PAST_THE_CONTEXT)),
+    (CHAT, chat(messages=[{"role": "user", "content": FAR_PAST_THE_CONTEXT}])),
+], ids=["tokenize prompt", "tokenize messages", "completion", "chat"])
+def test_a_text_far_past_the_context_is_refused_without_tokenizing_it_whole(http, path, body):
+    error = assert_openai_error(http.post(path, json=body), 400)
+    assert error["code"] == "context_length_exceeded" and "maximum context length is 1024" in error["message"]
+    assert f"more than {MAX_MODEL_LEN} tokens" in error["message"]
 
 
 def test_the_server_is_healthy_with_every_block_free_after_all_that(server, http):

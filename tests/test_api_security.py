@@ -1,6 +1,7 @@
 """API keys, per-tenant rate limits and the body limit: the pieces alone, then on a real server."""
 
 import asyncio
+import re
 
 import httpx
 import openai
@@ -10,11 +11,12 @@ from server.api.auth.api_keys import APIKeys
 from server.api.auth.authenticator import Authenticator
 from server.api.auth.caller import ANONYMOUS
 from server.api.errors import APIError
-from server.api.rate_limits import RateLimiter
+from server.api.rate_limits import RateLimiter, go_duration
 from tests.api_server import APIServer
 
 MODEL = "smollm"
 KEY_FLAG, KEY_FLAG_2, KEY_FILE = "key-from-flag", "second-key-from-flag", "key-from-file"
+KEY_FLAG_3 = "third-key-from-flag"  # only the tokenizer and models routes' limit test spends it
 KEY_ENV, KEY_ENV_2 = "key-from-env", "other-key-from-env"
 RPM, TPM = 6, 100
 MAX_REQUEST_BYTES = 64 * 1024
@@ -63,6 +65,25 @@ def test_requests_per_minute_refill_over_time_and_say_when_to_retry():
     limiter.admit_request("a")
 
 
+def test_the_rate_limit_headers_say_the_limit_what_is_left_and_when_it_is_whole_again():
+    clock = FakeClock()
+    limiter = RateLimiter(rpm=6, tpm=600, clock=clock)
+    assert limiter.headers("a") == {
+        "x-ratelimit-limit-requests": "6", "x-ratelimit-remaining-requests": "6", "x-ratelimit-reset-requests": "0ms",
+        "x-ratelimit-limit-tokens": "600", "x-ratelimit-remaining-tokens": "600", "x-ratelimit-reset-tokens": "0ms"}
+    limiter.admit_request("a")
+    limiter.reserve_tokens("a", 450)
+    clock.now += 5
+    headers = limiter.headers("a")
+    # 6 a minute refill one every 10 s: 5 s after the first, half of it is back; 450 tokens at 10 a second: 45 s.
+    assert headers["x-ratelimit-remaining-requests"] == "5" and headers["x-ratelimit-reset-requests"] == "5s"
+    assert headers["x-ratelimit-remaining-tokens"] == "200" and headers["x-ratelimit-reset-tokens"] == "40s"
+    limiter.reserve_tokens("a", 200)
+    assert limiter.headers("a")["x-ratelimit-reset-tokens"] == "1m0s"
+    assert RateLimiter(None, None).headers("a") == {}
+    assert [go_duration(s) for s in (0.02, 1.5, 360, 361.25)] == ["20ms", "1.5s", "6m0s", "6m1.25s"]
+
+
 def test_tokens_per_minute_reserve_at_admission_and_refund_what_was_not_used():
     clock = FakeClock()
     limiter = RateLimiter(rpm=None, tpm=100, clock=clock)
@@ -90,7 +111,8 @@ def server(smollm_folder, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text(f"# one key per line\n{KEY_FILE}\n\n")
     server = APIServer(
-        smollm_folder, "--api-key", KEY_FLAG, "--api-key", KEY_FLAG_2, "--api-key-file", str(key_file),
+        smollm_folder, "--api-key", KEY_FLAG, "--api-key", KEY_FLAG_2, "--api-key", KEY_FLAG_3,
+        "--api-key-file", str(key_file),
         "--metrics-require-api-key", "--rate-limit-rpm", str(RPM), "--rate-limit-tpm", str(TPM),
         "--max-request-bytes", str(MAX_REQUEST_BYTES),
         env={"VIGIL_API_KEYS": f"{KEY_ENV}, {KEY_ENV_2}"},
@@ -134,8 +156,8 @@ def test_liveness_and_readiness_need_no_key(server):
 
 @pytest.mark.server
 def test_keys_come_from_the_flag_the_file_and_the_environment(server):
-    for key in (KEY_FLAG, KEY_FLAG_2, KEY_FILE, KEY_ENV, KEY_ENV_2):
-        assert httpx.get(f"{server.base_url}/v1/models", headers=bearer(key), timeout=30).status_code == 200
+    for key in (KEY_FLAG, KEY_FLAG_2, KEY_FILE, KEY_ENV, KEY_ENV_2):  # /health: not counted against the limits
+        assert httpx.get(f"{server.base_url}/health", headers=bearer(key), timeout=30).status_code == 200
 
 
 @pytest.mark.server
@@ -161,6 +183,29 @@ def test_requests_per_minute_are_limited_per_key(server):
 
 
 @pytest.mark.server
+def test_tokenizer_and_model_routes_count_against_the_limit_and_say_where_it_stands(server):
+    """They were free before: eight 663,000-character /tokenize calls took another tenant's completion from
+    30 ms to 9.1 s."""
+    calls = [("POST", "/tokenize", {"model": MODEL, "prompt": "hi"}), ("POST", "/detokenize", {"tokens": [1, 2]}),
+             ("GET", "/v1/models", None), ("GET", f"/v1/models/{MODEL}", None), ("GET", "/tokenizer_info", None),
+             ("POST", "/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})]
+    assert len(calls) == RPM
+    remaining = []
+    for method, path, body in calls:
+        response = httpx.request(method, f"{server.base_url}{path}", json=body, headers=bearer(KEY_FLAG_3), timeout=30)
+        assert response.status_code == 200, (path, response.text)
+        assert response.headers["x-ratelimit-limit-requests"] == str(RPM)
+        assert response.headers["x-ratelimit-limit-tokens"] == str(TPM)
+        assert re.fullmatch(r"\d+ms|[\d.]+s|\d+m[\d.]+s", response.headers["x-ratelimit-reset-requests"])
+        remaining.append(int(response.headers["x-ratelimit-remaining-requests"]))
+    assert remaining == sorted(remaining, reverse=True) and remaining[-1] <= 1
+    limited = httpx.post(f"{server.base_url}/tokenize", json=calls[0][2], headers=bearer(KEY_FLAG_3), timeout=30)
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert limited.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+@pytest.mark.server
 def test_tokens_per_minute_reserve_prompt_plus_max_tokens_and_refund_the_rest(server):
     def call(**fields):
         return httpx.post(f"{server.base_url}/v1/completions", json=completion(**fields),
@@ -169,6 +214,7 @@ def test_tokens_per_minute_reserve_prompt_plus_max_tokens_and_refund_the_rest(se
     # 5 prompt tokens + 60 reserved each: two in a row fit only because the first refunds what it did not use.
     first = call(max_tokens=60, stop=["."])
     assert first.status_code == 200 and first.json()["usage"]["completion_tokens"] < 10
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) <= TPM - first.json()["usage"]["total_tokens"]
     assert call(max_tokens=60, stop=["."]).status_code == 200
     over = call(max_tokens=90)
     assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1

@@ -19,6 +19,7 @@ from server.api.lifecycle import Lifecycle
 from server.api.middleware import (
     AdmissionMiddleware,
     ErrorBoundaryMiddleware,
+    RateLimitHeadersMiddleware,
     RequestIdMiddleware,
     RequestLimitsMiddleware,
 )
@@ -107,6 +108,7 @@ def create_app(
             for compiler in grammars.values():
                 compiler.shutdown()
 
+    limiter = RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm)
     app = FastAPI(
         title="Vigil",
         summary="OpenAI-compatible LLM inference server",
@@ -120,7 +122,7 @@ def create_app(
         router=router,
         config=config,
         lifecycle=lifecycle,
-        limiter=RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm),
+        limiter=limiter,
         readiness=readiness,
         metrics_exposition=telemetry.exposition if telemetry is not None else health.default_metrics_exposition,
         tokenizer_pool=tokenizer_pool,
@@ -142,6 +144,7 @@ def create_app(
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=config.max_request_bytes,
                        max_header_bytes=config.max_header_bytes)
     app.add_middleware(ErrorBoundaryMiddleware)
+    app.add_middleware(RateLimitHeadersMiddleware, limiter=limiter)
     app.add_middleware(RequestIdMiddleware)
     if telemetry is not None:
         templates = [(route.path, route.path_regex) for api_router in routes for route in api_router.routes]

@@ -1,6 +1,7 @@
 """Pure ASGI middleware (never BaseHTTPMiddleware, which breaks client-disconnect detection).
 
-Order, outermost first: request id, error boundary, size limits, authentication (server/api/auth), admission.
+Order, outermost first: request id, rate-limit headers, error boundary, size limits, authentication
+(server/api/auth), admission.
 """
 
 import logging
@@ -9,8 +10,10 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.api.auth import RATE_LIMITED_TENANT_SCOPE_KEY
 from server.api.errors import APIError, draining, loading, send_error
 from server.api.lifecycle import Lifecycle
+from server.api.rate_limits import RateLimiter
 
 logger = logging.getLogger("vigil.api")
 
@@ -54,6 +57,29 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class RateLimitHeadersMiddleware:
+    """A rate-limited request's response carries its tenant's ``x-ratelimit-*`` headers, as they stand when the
+    response starts (after the request's own admission and token reservation)."""
+
+    def __init__(self, app: ASGIApp, limiter: RateLimiter) -> None:
+        self.app = app
+        self.limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.limiter.rpm is None and self.limiter.tpm is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_limits(message: Message) -> None:
+            tenant = scope.get(RATE_LIMITED_TENANT_SCOPE_KEY)
+            if message["type"] == "http.response.start" and tenant is not None:
+                limits = [(name.encode(), value.encode()) for name, value in self.limiter.headers(tenant).items()]
+                message = {**message, "headers": [*message.get("headers", []), *limits]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_limits)
 
 
 class ErrorBoundaryMiddleware:

@@ -3,13 +3,14 @@ them."""
 
 from importlib.metadata import PackageNotFoundError, version
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from server.api.auth import admit_caller
 from server.api.protocol import ModelCard, ModelList, VersionInfo
 from server.api.responses import ERROR_RESPONSES
 from server.api.state import ServerState, State
 
-router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["models"], responses=ERROR_RESPONSES, dependencies=[Depends(admit_caller)])
 
 
 def _card(state: ServerState, name: str) -> ModelCard:

@@ -19,10 +19,16 @@ class TokenBucket:
     def per_minute(cls, amount: int, now: float) -> "TokenBucket":
         return cls(float(amount), amount / 60.0, float(amount), now)
 
-    def take(self, amount: float, now: float) -> float | None:
-        """Take ``amount`` and return None, or take nothing and return the seconds until it would fit."""
+    def refill(self, now: float) -> None:
         self.level = min(self.capacity, self.level + (now - self.updated) * self.per_second)
         self.updated = now
+
+    def seconds_until_full(self) -> float:
+        return (self.capacity - self.level) / self.per_second
+
+    def take(self, amount: float, now: float) -> float | None:
+        """Take ``amount`` and return None, or take nothing and return the seconds until it would fit."""
+        self.refill(now)
         if amount <= self.level:
             self.level -= amount
             return None
@@ -55,6 +61,20 @@ class RateLimiter:
         self._requests: dict[str, TokenBucket] = {}
         self._tokens: dict[str, TokenBucket] = {}
 
+    def headers(self, tenant: str) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers for ``tenant`` now: each limit, what is left of it, and how long
+        until it is whole again (as "1s", "6m0s" or "20ms")."""
+        now, headers = self._clock(), {}
+        for kind, limit, buckets in (("requests", self.rpm, self._requests), ("tokens", self.tpm, self._tokens)):
+            if limit is None:
+                continue
+            bucket = buckets.get(tenant) or TokenBucket.per_minute(limit, now)
+            bucket.refill(now)
+            headers |= {f"x-ratelimit-limit-{kind}": str(limit),
+                        f"x-ratelimit-remaining-{kind}": str(math.floor(bucket.level)),
+                        f"x-ratelimit-reset-{kind}": go_duration(bucket.seconds_until_full())}
+        return headers
+
     def admit_request(self, tenant: str) -> None:
         if self.rpm is None:
             return
@@ -81,3 +101,12 @@ class RateLimiter:
             raise APIError(429, f"rate limit reached: {self.tpm} tokens per minute",
                            code="rate_limit_exceeded", retry_after=math.ceil(wait))
         return TokenReservation(bucket, amount)
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as OpenAI writes it (Go's format): "20ms", "1.5s", "6m0s"."""
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    minutes, rest = divmod(seconds, 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{int(minutes)}m{text}" if minutes else text

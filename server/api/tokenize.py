@@ -1,8 +1,9 @@
 """vLLM's tokenizer routes: POST /tokenize (a prompt, or chat messages through the template), POST /detokenize,
 and GET /tokenizer_info, which lm-evaluation-harness reads to tokenize through the server."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from server.api.auth import admit_caller
 from server.api.chat_prompt import render_chat
 from server.api.errors import invalid_request
 from server.api.generation import check_model, in_tokenizer_pool
@@ -18,7 +19,8 @@ from server.api.responses import ERROR_RESPONSES
 from server.api.state import ServerState, State
 from server.engine.async_engine import AsyncEngine
 
-router = APIRouter(tags=["tokenizer"], responses=ERROR_RESPONSES)
+# Tokenizing costs work: each call counts against the tenant's requests-per-minute limit.
+router = APIRouter(tags=["tokenizer"], responses=ERROR_RESPONSES, dependencies=[Depends(admit_caller)])
 
 
 @router.post("/tokenize", response_model=TokenizeResponse)
@@ -47,6 +49,9 @@ def _tokenize(state: ServerState, engine: AsyncEngine, body: TokenizeRequest) ->
 @router.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, state: State) -> DetokenizeResponse:
     engine = check_model(state, body.model)
+    if len(body.tokens) > engine.max_model_len:
+        raise invalid_request(f"at most {engine.max_model_len} token ids (the model's context) may be detokenized",
+                              param="tokens", code="context_length_exceeded")
     vocab_size = engine.vocab_size
     if not all(0 <= t < vocab_size for t in body.tokens):
         raise invalid_request(f"token ids must lie in [0, {vocab_size})", param="tokens")

@@ -9,6 +9,7 @@ from server.api.auth.caller import ANONYMOUS, Caller
 from server.api.state import State
 
 CALLER_SCOPE_KEY = "vigil.caller"
+RATE_LIMITED_TENANT_SCOPE_KEY = "vigil.rate_limited_tenant"
 
 
 def caller_of(request: Request) -> Caller:
@@ -17,8 +18,10 @@ def caller_of(request: Request) -> Caller:
 
 
 async def admit_caller(request: Request, state: State) -> Caller:
-    """Count the request against its tenant's requests-per-minute limit."""
+    """Count the request against its tenant's requests-per-minute limit; its response (a 429 too) then carries
+    the tenant's ``x-ratelimit-*`` headers."""
     caller = caller_of(request)
+    request.scope[RATE_LIMITED_TENANT_SCOPE_KEY] = caller.tenant
     state.limiter.admit_request(caller.tenant)
     return caller
 
