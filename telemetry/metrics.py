@@ -23,7 +23,7 @@ ERROR_REASONS = (
 )
 ANOMALY_KINDS = ("repetition_loop", "empty", "length_capped")
 FINISH_REASONS = ("stop", "length", "abort")
-ENGINE_PHASES = ("loading", "serving", "draining", "dead")
+ENGINE_PHASES = ("loading", "warming_up", "serving", "draining", "dead")
 # Why a routing policy chose a model (server/api/routing_policy.py).
 ROUTING_REASONS = ("simple", "long_prompt", "long_output", "hard_rule", "overflow")
 GPU_LABELS = ("gpu", "name")
@@ -133,7 +133,7 @@ class VigilMetrics:
             "vigil_engine_ready", "1 while the engine is ready: serving, and proven by its requests or a canary."
         )
         self.engine_phase = gauge(
-            "vigil_engine_phase", "1 for the phase the server is in: loading, serving, draining or dead.",
+            "vigil_engine_phase", "1 for the phase the server is in: loading, warming_up, serving, draining or dead.",
             ("model", "phase"),
         )
         self.engine_config = gauge(

@@ -20,6 +20,7 @@ _MESSAGES = {
     "canary_failed": "the engine answered a canary with no token",
     "draining": SHUTTING_DOWN,
     "loading": LOADING,
+    "warming_up": "the model has loaded and is warming up (its first request)",
 }
 
 probes = APIRouter(tags=["health"], responses=_PROBE_RESPONSES)

@@ -19,7 +19,7 @@ STATUS_REPORT_INTERVAL_S = 2.0
 
 
 # The phase each readiness problem means (vigil_engine_phase); any other problem leaves the server serving, unready.
-PHASE_OF_PROBLEM = {"loading": "loading", "draining": "draining", "engine_dead": "dead"}
+PHASE_OF_PROBLEM = {"loading": "loading", "warming_up": "warming_up", "draining": "draining", "engine_dead": "dead"}
 
 StatusReport = Callable[[str, bool], None]
 
@@ -76,12 +76,24 @@ class ReadinessProbe:
         if health.num_unfinished > 0:
             return None  # busy and stepping: the requests in flight are the proof
         last_proof = max(self._proven_at, health.last_step_at or -math.inf)
+        if last_proof == -math.inf:
+            return self._warm_up()
         if self._clock() - last_proof < self._interval:
             return None
         if self._canary is None or self._canary.done():
             self._canary = asyncio.create_task(self._run_canary())
         # Shielded: a probe that gives up must not cancel the canary that other probes share.
         return await asyncio.shield(self._canary)
+
+    def _warm_up(self) -> str | None:
+        """A loaded engine that has never run: its first canary warms it up, and probes say so instead of waiting
+        on it. A failed warm-up is reported, and the next probe tries again."""
+        if self._canary is None:
+            self._canary = asyncio.create_task(self._run_canary())
+        if not self._canary.done():
+            return "warming_up"
+        problem, self._canary = self._canary.result(), None
+        return problem
 
     async def _run_canary(self) -> str | None:
         tokenizer = self._engine.tokenizer
