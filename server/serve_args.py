@@ -5,7 +5,7 @@ from pathlib import Path
 
 from server.api.tool_parsers import TOOL_PARSERS
 from server.config import JWTConfig, ServerConfig, TLSConfig, parse_bytes
-from telemetry.metrics import LATENCY_BUCKETS
+from telemetry.metrics import LATENCY_BUCKETS, SLO_LATENCY_THRESHOLDS_S
 
 API_KEYS_ENV = "VIGIL_API_KEYS"
 
@@ -101,6 +101,11 @@ def _buckets(text: str) -> tuple[float, ...]:
     bounds = tuple(sorted(float(value) for value in text.split(",") if value.strip()))
     if not bounds or bounds[0] <= 0:
         raise argparse.ArgumentTypeError("give positive, comma-separated bounds, e.g. 0.01,0.1,1,10")
+    missing = [threshold for threshold in SLO_LATENCY_THRESHOLDS_S if threshold not in bounds]
+    if missing:
+        raise argparse.ArgumentTypeError(
+            f"the bounds must include the latency SLOs' thresholds {', '.join(f'{t:g}' for t in missing)} "
+            "(alerts/slo.yml): without them the latency SLO alerts see no slow request")
     return bounds
 
 

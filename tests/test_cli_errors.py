@@ -17,6 +17,8 @@ pytestmark = pytest.mark.server
         # The bundled SmolLM2 has 9 attention heads and 3 KV heads.
         (["serve", "--tensor-parallel-size", "2"], "--tensor-parallel-size 2 does not divide the model's 9 attention "
                                                    "heads and 3 KV heads"),
+        # Without 0.5 and 2 the latency SLO pages see no slow request (a 10 s TTFT fired nothing).
+        (["serve", "--latency-buckets", "0.1,1,5,10"], "must include the latency SLOs' thresholds 0.5, 2"),
     ],
 )
 def test_bad_start_up_exits_2_with_one_line(argv: list[str], message: str) -> None:

@@ -11,7 +11,7 @@ from dashboard_queries import ROOT, load_dashboards, panels
 from prometheus_client import CollectorRegistry, generate_latest
 
 from alerts.slo import BURN_RATE_ALERTS, WINDOWS, burn_rate, load
-from telemetry.metrics import LATENCY_BUCKETS, VigilMetrics
+from telemetry.metrics import LATENCY_BUCKETS, SLO_LATENCY_THRESHOLDS_S, VigilMetrics
 
 RULES = ROOT / "alerts/rules/slo.yml"
 SLOS = {slo.name: slo for slo in load()}
@@ -52,6 +52,11 @@ def test_latency_thresholds_are_bucket_boundaries_spelled_as_the_server_writes_t
         name = slo.histogram.split("{")[0]
         assert f'{name}_bucket{{le="{slo.le}",model="m"}}' in exposition, f"the server writes no le={slo.le!r}"
         assert f'le="{slo.le}"' in text, slo.name
+
+
+def test_the_server_knows_the_latency_slos_thresholds():
+    """serve refuses --latency-buckets without them (the SLO pages would go blind): they must be alerts/slo.yml's."""
+    assert sorted(slo.threshold_seconds for slo in SLOS.values() if slo.histogram) == list(SLO_LATENCY_THRESHOLDS_S)
 
 
 def test_a_threshold_between_buckets_is_refused(tmp_path: Path):
