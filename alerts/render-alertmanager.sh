@@ -198,6 +198,9 @@ inhibit_rules:
   - source_matchers: ['alertname="VigilAbsent"']
     target_matchers: ['alertname="VigilReplicaMissing"']
     equal: [job]
+  # While the fleet's availability budget burns fast enough to page, each replica's 5xx page repeats it.
+  - source_matchers: ['alertname="VigilAvailabilityBudgetBurn"', 'severity="critical"']
+    target_matchers: ['alertname="VigilHighErrorRate"']
 
 receivers:
   - name: critical

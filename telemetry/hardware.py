@@ -37,9 +37,11 @@ class GpuReading:
 
 
 def _throttle_mask(nvml: ModuleType) -> int:
+    """Heat and the hardware power brake: the software power cap holds clocks back under every full load, which
+    is where an inference server should be."""
     names = (
         "nvmlClocksEventReasonSwThermalSlowdown", "nvmlClocksEventReasonHwThermalSlowdown",
-        "nvmlClocksEventReasonSwPowerCap", "nvmlClocksEventReasonHwPowerBrakeSlowdown",
+        "nvmlClocksEventReasonHwPowerBrakeSlowdown",
     )
     mask = 0
     for name in names:

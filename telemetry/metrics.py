@@ -64,7 +64,9 @@ class VigilMetrics:
         self.gpu_utilization = gauge("vigil_gpu_utilization_ratio", "Share of time the GPU was busy.", GPU_LABELS)
         self.gpu_power = gauge("vigil_gpu_power_watts", "GPU power draw.", GPU_LABELS)
         self.gpu_throttled = gauge(
-            "vigil_gpu_throttled", "1 while the GPU clocks are held back by temperature or power.", GPU_LABELS
+            "vigil_gpu_throttled",
+            "1 while the GPU clocks are held back by temperature or a hardware power brake (not the power cap).",
+            GPU_LABELS,
         )
         self.gpu_count = gauge("vigil_gpu_count", "GPUs visible through NVML (0 without NVML).", ())
         self.host_cpu = gauge("vigil_host_cpu_utilization_ratio", "Host CPU busy share, all cores.", ())

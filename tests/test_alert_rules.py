@@ -29,6 +29,7 @@ REQUIRED_ALERTS = {
         "VigilAbsent",
         "VigilReplicaMissing",
         "VigilNotReady",
+        "VigilStartupTooLong",
         "VigilHighErrorRate",
         "VigilKVCacheExhausted",
         "VigilEngineStalled",
@@ -40,7 +41,6 @@ REQUIRED_ALERTS = {
         "VigilAlertmanagerFailedToSendNotifications",
     },
     "warning": {
-        "VigilGPUHighUtilization",
         "VigilQueueGrowing",
         "VigilQueueTimeHigh",
         "VigilKVCacheHighUsage",

@@ -138,6 +138,8 @@ def test_inhibitions_hold_back_warnings_under_a_page_and_replica_pages_while_non
          "equal": ["instance", "slo"]},
         {"source_matchers": ['alertname="VigilAbsent"'], "target_matchers": ['alertname="VigilReplicaMissing"'],
          "equal": ["job"]},
+        {"source_matchers": ['alertname="VigilAvailabilityBudgetBurn"', 'severity="critical"'],
+         "target_matchers": ['alertname="VigilHighErrorRate"']},
     ]  # fmt: skip
 
 

@@ -87,7 +87,7 @@ class FakePynvml(ModuleType):
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
         self._call("nvmlDeviceGetCurrentClocksEventReasons", h.index)
-        return [0x1, 0x20][h.index]
+        return [self.nvmlClocksEventReasonSwPowerCap, self.nvmlClocksEventReasonSwThermalSlowdown][h.index]
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_gpu_readings_land_in_base_units(sampler, registry):
         "vigil_gpu_memory_total_bytes": 141 * 2**30,
         "vigil_gpu_utilization_ratio": 0.97,
         "vigil_gpu_power_watts": 512.25,
-        "vigil_gpu_throttled": 0,  # idle is not throttling
+        "vigil_gpu_throttled": 0,  # 97% busy at the power cap: full load, not throttling
     }
     assert value(registry, "vigil_gpu_throttled", **H100) == 1  # thermal slowdown is
     assert set(errors(registry).values()) == {0}
