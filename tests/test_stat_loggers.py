@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from server import SamplingParams
+from server.engine.stats import FinishedRequestStats, StepStats
 from telemetry.logging import configure_logging
 from telemetry.metrics import VigilMetrics
 from telemetry.stat_loggers.log_lines import LoggingStatLogger
@@ -128,3 +129,29 @@ def test_one_json_log_line_per_request_without_prompt_or_output(recorded_run):
         assert {"duration_s", "queue_s", "ttft_s", "prompt_tokens", "generation_tokens", "finish_reason"} <= set(line)
         assert "output" not in line and "prompt" not in line
     assert any(line["event"] == "engine_stats" for line in logs)
+
+
+def finished(request_id: str, first_token_time: float | None, finish_reason: str) -> FinishedRequestStats:
+    return FinishedRequestStats(
+        request_id, finish_reason, None, arrival_time=100.0, queued_time=100.0, scheduled_time=100.5,
+        first_token_time=first_token_time, last_token_time=first_token_time, finished_time=112.0,
+        num_prompt_tokens=5, num_generation_tokens=0 if first_token_time is None else 1, num_cached_tokens=0,
+        num_preemptions=0, max_tokens=16, sampling_params=SamplingParams(), output_token_ids=(),
+    )
+
+
+def test_a_request_given_up_on_before_its_first_token_counts_as_slow_as_its_wait():
+    """It was not counted at all before: 12 s without a token is a TTFT of at least 12 s for the SLO."""
+    registry = CollectorRegistry()
+    logger = PrometheusStatLogger(VigilMetrics("smol", registry))
+    step = StepStats(
+        timestamp=112.0, step_duration_s=0.01, num_running=0, num_waiting=0, num_kv_blocks_used=0,
+        num_kv_blocks_total=16, num_kv_slots_held=0, num_kv_slots_filled=0, num_scheduled_tokens=0,
+        num_prefill_seqs=0, num_decode_seqs=0, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0,
+        num_prompt_tokens=0, num_generation_tokens=0, model_flops=0,
+        finished=[finished("gave-up", None, "abort"), finished("answered-then-aborted", 100.8, "abort")],
+    )
+    logger.record(step)
+    assert sample(registry, "vigil_time_to_first_token_seconds_count") == 2
+    assert sample(registry, "vigil_time_to_first_token_seconds_sum") == pytest.approx(12.0 + 0.8)
+    assert sample(registry, "vigil_time_to_first_token_seconds_bucket", le="2.0") == 1

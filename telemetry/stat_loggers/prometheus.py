@@ -119,6 +119,10 @@ class PrometheusStatLogger(StatLogger):
         trace_id = self.trace_id_of(stats.request_id) if self.trace_id_of is not None else None
         exemplar = {"trace_id": trace_id} if trace_id else None
         timings = stats.timings()
+        if timings["ttft_s"] is None and stats.finish_reason == "abort":
+            # Given up on (by its client, a timeout, a shutdown) before its first token: it waited at least this
+            # long for one, and the TTFT SLO must count it at least that slow rather than not at all.
+            timings["ttft_s"] = timings["duration_s"]
         for name, key in LATENCY_HISTOGRAMS:
             if timings[key] is not None:
                 getattr(m, name).labels(model).observe(timings[key], exemplar=exemplar)
