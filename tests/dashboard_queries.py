@@ -46,7 +46,12 @@ UNLABELLED_BY_MODEL = {name for name, (_, labels) in _exported_metrics().items()
 MONITORING_METRICS = {
     "up",
     "prometheus_rule_evaluation_failures_total",
-    "prometheus_notifications_alertmanagers_discovered",
+    "prometheus_notifications_errors_total",
+    "prometheus_notifications_sent_total",
+    "prometheus_notifications_dropped_total",
+    "prometheus_config_last_reload_successful",
+    "prometheus_rule_group_iterations_missed_total",
+    "alertmanager_config_last_reload_successful",
     "alertmanager_notifications_total",
     "alertmanager_notifications_failed_total",
 }

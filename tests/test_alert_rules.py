@@ -37,7 +37,7 @@ REQUIRED_ALERTS = {
         "VigilEngineErrors",
         "VigilQueueFullShedding",
         "VigilPrometheusRuleFailures",
-        "VigilPrometheusNotConnectedToAlertmanager",
+        "VigilPrometheusErrorSendingAlerts",
         "VigilAlertmanagerFailedToSendNotifications",
     },
     "warning": {
