@@ -59,6 +59,11 @@ SLACK=$(secret slack_webhook_url)
 SMTP_PASSWORD=$(secret smtp_password)
 HEARTBEAT=$(secret heartbeat_url)
 
+# A pager with no dead man's switch: if Prometheus or Alertmanager dies, the pager stays silent and nobody knows.
+if { [ -n "$PAGERDUTY" ] || [ -n "$OPSGENIE" ]; } && [ -z "$HEARTBEAT" ]; then
+    echo "render-alertmanager: WARNING: a pager is configured without the heartbeat_url secret: nothing outside" \
+        "the stack will notice when Prometheus or Alertmanager stops (docs/operations.md)" >&2
+fi
 if [ -n "$ALERT_EMAIL_TO" ] && { [ -z "$ALERT_EMAIL_FROM" ] || [ -z "$ALERT_SMTP_SMARTHOST" ]; }; then
     fail "ALERT_EMAIL_TO needs ALERT_EMAIL_FROM and ALERT_SMTP_SMARTHOST (host:port)"
 fi

@@ -168,6 +168,16 @@ def test_every_channel_reads_its_secret_from_a_file_and_passes_amtool(tmp_path: 
         assert (value in result.stdout) == (name == "heartbeat_url"), name
 
 
+def test_a_pager_without_a_heartbeat_url_is_warned_about(tmp_path: Path, secrets: Path):
+    assert "WARNING" not in render(secrets, **EMAIL).stderr
+    (secrets / "heartbeat_url").write_text("")
+    result = render(secrets, **EMAIL)
+    assert result.returncode == 0, result.stderr
+    [warning] = result.stderr.splitlines()
+    assert "pager is configured without the heartbeat_url secret" in warning
+    assert "heartbeat" in receivers(checked(result.stdout, tmp_path))
+
+
 def test_an_empty_secret_file_leaves_its_channel_off(tmp_path: Path, secrets: Path):
     (secrets / "pagerduty_routing_key").write_text("")
     result = render(secrets, **EMAIL)
