@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dashboard_queries import ROOT, load_dashboards, panels
+from dashboard_queries import ROOT, alert_rules, load_dashboards, panels
 from prometheus_client import CollectorRegistry, generate_latest
 
 from alerts.slo import BURN_RATE_ALERTS, WINDOWS, burn_rate, load
@@ -57,6 +57,14 @@ def test_latency_thresholds_are_bucket_boundaries_spelled_as_the_server_writes_t
 def test_the_server_knows_the_latency_slos_thresholds():
     """serve refuses --latency-buckets without them (the SLO pages would go blind): they must be alerts/slo.yml's."""
     assert sorted(slo.threshold_seconds for slo in SLOS.values() if slo.histogram) == list(SLO_LATENCY_THRESHOLDS_S)
+
+
+def test_the_sli_missing_alert_looks_for_the_slos_own_buckets():
+    [rule] = [rule for _, rule in alert_rules() if rule["alert"] == "VigilSLISeriesMissing"]
+    for slo in SLOS.values():
+        if slo.histogram:
+            name = slo.histogram.split("{")[0]
+            assert f'{name}_bucket{{le="{slo.le}"}}' in rule["expr"], slo.name
 
 
 def test_a_threshold_between_buckets_is_refused(tmp_path: Path):
