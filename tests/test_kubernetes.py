@@ -247,6 +247,20 @@ def test_services_budgets_and_pools_select_their_tracks_pods(built):
         assert args[args.index("--pool-name") + 1] == track
 
 
+def test_a_drain_never_takes_the_last_replica_and_replicas_spread_over_nodes(built):
+    for (overlay, components), objects in built.items():
+        assert find(objects, "PodDisruptionBudget", "vigil")["spec"] == {
+            "minAvailable": 1, "selector": find(objects, "PodDisruptionBudget", "vigil")["spec"]["selector"]}
+        scaler = (of_kind(objects, "ScaledObject") + of_kind(objects, "HorizontalPodAutoscaler"))[0]["spec"]
+        assert scaler.get("minReplicaCount", scaler.get("minReplicas")) == 2, (overlay, components)
+        spread = find(objects, "Deployment", "vigil")["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert [rule["topologyKey"] for rule in spread] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+        labels = find(objects, "Deployment", "vigil")["spec"]["template"]["metadata"]["labels"]
+        assert all(selects(rule["labelSelector"]["matchLabels"], labels) for rule in spread)
+        if "canary" in components:  # one canary replica may go, or it would block every drain of its node
+            assert find(objects, "PodDisruptionBudget", "vigil-canary")["spec"]["maxUnavailable"] == 1
+
+
 def test_the_route_weighs_the_tracks_pools(built):
     for components, weights in (((), {"vigil": 100}), (("canary",), {"vigil": 90, "vigil-canary": 10})):
         objects = built[("gpu", components)]
@@ -270,7 +284,8 @@ def test_one_autoscaler_owns_the_stable_track_and_none_the_canary(built):
 
 def test_keda_scales_on_waiting_requests_per_replica_and_gpu_utilisation(built):
     scaled = find(built[("gpu", ())], "ScaledObject", "vigil")["spec"]
-    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"], scaled["cooldownPeriod"]) == (1, 8, 300)
+    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"], scaled["cooldownPeriod"]) == (2, 8, 300)
+    assert scaled["fallback"] == {"failureThreshold": 3, "replicas": 2}
     triggers = {trigger["name"]: trigger for trigger in scaled["triggers"]}
     assert {trigger["type"] for trigger in triggers.values()} == {"prometheus"}
     waiting, gpu = triggers["waiting-requests-per-replica"], triggers["gpu-utilisation"]
