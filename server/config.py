@@ -48,19 +48,26 @@ class SpeculativeConfig:
             raise ValueError("prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max")
 
     @classmethod
-    def parse(cls, text: str) -> "SpeculativeConfig":
+    def parse(cls, text: str, where: str = "--speculative-config") -> "SpeculativeConfig":
         """From the flag's JSON; raises ValueError naming what is wrong."""
         try:
             fields = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(f"--speculative-config is not JSON: {error}") from None
+            raise ValueError(f"{where} is not JSON: {error}") from None
+        return cls.from_dict(fields, where)
+
+    @classmethod
+    def from_dict(cls, fields: object, where: str = "speculative_config") -> "SpeculativeConfig":
+        """From vLLM's dict (``LLM(speculative_config={...})``); raises ValueError naming what is wrong."""
         if not isinstance(fields, dict):
-            raise ValueError("--speculative-config must be a JSON object")
+            raise ValueError(f"{where} must be a JSON object (a dict)")
         known = {field.name for field in dataclasses.fields(cls)}
         if unknown := set(fields) - known:
-            raise ValueError(f"--speculative-config: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-        if not all(isinstance(value, str if name == "method" else int) for name, value in fields.items()):
-            raise ValueError("--speculative-config: method is a string, the other keys integers")
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        if not all(isinstance(value, str if name == "method" else int) and not isinstance(value, bool)
+                   for name, value in fields.items()):
+            raise ValueError(f"{where}: method is a string, the other keys integers")
+        fields = dict(fields)
         if "prompt_lookup_max" in fields and "prompt_lookup_min" not in fields:
             fields["prompt_lookup_min"] = min(cls.prompt_lookup_min, fields["prompt_lookup_max"])
         return cls(**fields)
@@ -92,6 +99,16 @@ class EngineConfig:
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
+        # vLLM's LLM(...) takes these as a dict or JSON text, and dtypes as torch dtypes or "half" and "float".
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        elif isinstance(self.speculative_config, str):
+            self.speculative_config = SpeculativeConfig.parse(self.speculative_config, "speculative_config")
+        elif not isinstance(self.speculative_config, SpeculativeConfig | None):
+            raise ValueError("speculative_config must be a dict such as {\"method\": \"ngram\", "
+                             "\"num_speculative_tokens\": 4}")
+        for name in ("dtype", "weight_dtype", "kv_cache_dtype"):
+            setattr(self, name, _dtype_name(getattr(self, name)))
         for name in ("dtype", "weight_dtype"):
             if getattr(self, name) not in DTYPE_CHOICES:
                 raise ValueError(f"{name} must be auto, float32, bfloat16 or float16, not {getattr(self, name)!r}")
@@ -191,3 +208,13 @@ class ServerConfig:
             raise ValueError("client certificates (--ssl-cert-reqs) need --ssl-ca-certs")
         if any(not key or not key.isascii() or not key.isprintable() for key in self.api_keys):
             raise ValueError("API keys must be non-empty printable ASCII")
+
+
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _dtype_name(dtype: object) -> object:
+    """A torch dtype (torch.bfloat16) or one of vLLM's aliases ("half") as the name the config takes; anything
+    else as it is, for the checks below to judge."""
+    name = str(dtype).removeprefix("torch.") if type(dtype).__name__ == "dtype" else dtype
+    return _DTYPE_ALIASES.get(name, name) if isinstance(name, str) else name
