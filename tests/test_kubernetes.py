@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from deploy.kubernetes.build import COMPOSE_ONLY
 from server.__main__ import build_parser
 from server.api.health import PROBE_PATHS, UNAUTHENTICATED_PATHS
 from tests.api_server import APIServer
@@ -116,12 +117,32 @@ def test_generated_monitoring_objects_are_up_to_date():
     assert result.returncode == 0, result.stderr
 
 
-def test_the_prometheusrule_holds_every_group_of_alerts_rules_unchanged(built):
+def test_the_prometheusrule_holds_the_compose_rules_less_their_own_and_the_kubernetes_ones(built):
     rule = find(built[("cpu", ())], "PrometheusRule", "vigil")
-    expected = [group for path in sorted((ROOT / "alerts/rules").glob("*.yml"))
-                for group in yaml.safe_load(path.read_text())["groups"]]  # fmt: skip
-    assert rule["spec"]["groups"] == expected
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    compose = [item for path in sorted((ROOT / "alerts/rules").glob("*.yml"))
+               for group in yaml.safe_load(path.read_text())["groups"] for item in group["rules"]]  # fmt: skip
+    kubernetes = [item for group in yaml.safe_load((KUBERNETES / "rules/kubernetes.yml").read_text())["groups"]
+                  for item in group["rules"]]  # fmt: skip
+    shipped = [item for group in rule["spec"]["groups"] for item in group["rules"]]
+    alerts = {item.get("alert") for item in compose}
+    assert alerts >= COMPOSE_ONLY, "a name that no longer exists"
+    # The same rule, word for word, wherever the meaning is the same.
+    assert shipped == [item for item in compose if item.get("alert") not in COMPOSE_ONLY] + kubernetes
+    # Nothing that pages on Kubernetes keys a replica's health on its instance, a pod IP that changes.
+    assert not any("max_over_time(up{" in item["expr"] for item in shipped)
+
+
+def test_the_kubernetes_rules_pass_their_promtool_tests_and_follow_the_alert_conventions():
+    tests = [str(path) for path in sorted((KUBERNETES / "rules/tests").glob("*.yml"))]
+    result = subprocess.run(["promtool", "test", "rules", *tests], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    runbook = (ROOT / "docs/runbook.md").read_text().lower()
+    for group in yaml.safe_load((KUBERNETES / "rules/kubernetes.yml").read_text())["groups"]:
+        for item in group["rules"]:
+            assert item["labels"]["severity"] in ("critical", "warning")
+            assert {"summary", "description", "runbook_url", "dashboard_url"} <= set(item["annotations"])
+            assert f"### {item['alert'].lower()}" in runbook, item["alert"]
 
 
 def test_every_dashboard_is_a_configmap_for_grafanas_sidecar(built):

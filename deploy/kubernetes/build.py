@@ -1,6 +1,7 @@
 """Writes the Kubernetes objects that come from files kept elsewhere, so that each has one source:
 
-    base/monitoring/prometheusrule.yaml   every group of alerts/rules/*.yml, as one PrometheusRule
+    base/monitoring/prometheusrule.yaml   the groups of alerts/rules/*.yml, less the compose stack's own alerts
+                                          (COMPOSE_ONLY), and rules/kubernetes.yml, as one PrometheusRule
     base/monitoring/dashboards.yaml       every dashboards/*.json, as ConfigMaps for Grafana's dashboard sidecar
 
     python deploy/kubernetes/build.py           rewrite them
@@ -19,6 +20,20 @@ MONITORING = HERE / "base/monitoring"
 # labelled grafana_dashboard, into the folder named by the annotation (with sidecar.dashboards.folderAnnotation).
 RELEASE_LABEL = {"release": "kube-prometheus-stack"}
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
+# The compose stack's alerts that are wrong or doubled on Kubernetes, where kube-prometheus-stack watches the
+# monitoring itself (TargetDown, PrometheusRuleFailures, PrometheusErrorSendingAlertsToSomeAlertmanagers,
+# AlertmanagerFailedToSendAlerts, PrometheusBadConfig, AlertmanagerFailedReload, PrometheusMissingRuleEvaluations,
+# and its own Watchdog) and kube-state-metrics sees the replicas (rules/kubernetes.yml).
+COMPOSE_ONLY = {
+    "VigilReplicaMissing",  # keyed on instance, a pod IP here: every scale-down would page for a day
+    "VigilScrapeTargetDown",  # up{job!="vigil"} would be every target in the cluster
+    "VigilPrometheusRuleFailures",
+    "VigilPrometheusErrorSendingAlerts",
+    "VigilAlertmanagerFailedToSendNotifications",
+    "VigilMonitoringConfigReloadFailed",
+    "VigilPrometheusMissedRuleEvaluations",
+    "VigilWatchdog",
+}
 FOLDER_ANNOTATION = {"grafana_folder": "Vigil"}
 
 
@@ -40,16 +55,26 @@ def dump(documents: list[dict], source: str) -> str:
     return header + yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1000)
 
 
+def kubernetes_groups() -> list[dict]:
+    """alerts/rules/*.yml's groups less COMPOSE_ONLY (a group left empty goes), then rules/kubernetes.yml's."""
+    groups = []
+    for path in sorted((ROOT / "alerts/rules").glob("*.yml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            rules = [rule for rule in group["rules"] if rule.get("alert") not in COMPOSE_ONLY]
+            if rules:
+                groups.append({**group, "rules": rules})
+    return groups + yaml.safe_load((HERE / "rules/kubernetes.yml").read_text())["groups"]
+
+
 def prometheus_rule() -> str:
-    groups = [group for path in sorted((ROOT / "alerts/rules").glob("*.yml"))
-              for group in yaml.safe_load(path.read_text())["groups"]]  # fmt: skip
+    groups = kubernetes_groups()
     rule = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": "vigil", "labels": RELEASE_LABEL},
         "spec": {"groups": groups},
     }
-    return dump([rule], "alerts/rules/*.yml")
+    return dump([rule], "alerts/rules/*.yml and deploy/kubernetes/rules/kubernetes.yml")
 
 
 def dashboards() -> str:
