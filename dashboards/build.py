@@ -185,6 +185,7 @@ def overview() -> dict:
 
 def infrastructure() -> dict:
     gpu = "{{instance}} GPU {{gpu}} ({{name}})"
+    dcgm_gpu = "{{Hostname}} GPU {{gpu}} ({{modelName}})"
     return dashboard(
         "vigil-infrastructure",
         "Infrastructure",
@@ -209,7 +210,7 @@ def infrastructure() -> dict:
             ),
             timeseries(
                 "GPU utilisation",
-                "Share of time a kernel ran, per GPU. Warning above 85% for 15 minutes.",
+                "Share of time a kernel ran, per GPU. High is what an inference server wants: nothing alerts on it.",
                 [target(series("vigil_gpu_utilization_ratio"), gpu)],
                 "percentunit",
                 width=10,
@@ -233,7 +234,8 @@ def infrastructure() -> dict:
             ),
             timeseries(
                 "GPU throttled",
-                "1 while the GPU's clocks are held back by temperature or power.",
+                "1 while the GPU's clocks are held back by temperature or a hardware power brake (not the power cap "
+                "that every full load reaches).",
                 [target(series("vigil_gpu_throttled"), gpu)],
                 "none",
                 min_value=0,
@@ -279,6 +281,53 @@ def infrastructure() -> dict:
                 "short",
                 width=12,
                 min_value=0,
+            ),
+            row("GPU health (dcgm-exporter, in the compose gpu profile)"),
+            timeseries(
+                "XID errors",
+                "The last XID each GPU reported (0: none). 48, 63, 64, 74, 79, 92, 94 and 95 mean the hardware "
+                "failed and page; others (13, 31, 43) are usually a program's fault and open a ticket.",
+                [target('DCGM_FI_DEV_XID_ERRORS{job="dcgm"}', dcgm_gpu)],
+                "none",
+                width=8,
+                min_value=0,
+                stepped=True,
+            ),
+            timeseries(
+                "ECC errors",
+                "Memory errors per GPU: corrected (single-bit) ones warn when they keep coming, uncorrectable "
+                "(double-bit) ones page.",
+                [
+                    target('increase(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{job="dcgm"}[$__rate_interval])',
+                           "corrected " + dcgm_gpu),
+                    target('increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{job="dcgm"}[$__rate_interval])',
+                           "uncorrectable " + dcgm_gpu),
+                ],
+                "short",
+                width=8,
+                min_value=0,
+            ),
+            timeseries(
+                "Remapped memory rows",
+                "Rows remapped after errors (they take effect at the next GPU reset), and 1 where remapping failed "
+                "(no spare rows left: the GPU needs replacing).",
+                [
+                    target('DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{job="dcgm"}', "uncorrectable " + dcgm_gpu),
+                    target('DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{job="dcgm"}', "correctable " + dcgm_gpu),
+                    target('DCGM_FI_DEV_ROW_REMAP_FAILURE{job="dcgm"}', "failed " + dcgm_gpu),
+                ],
+                "short",
+                width=8,
+                min_value=0,
+            ),
+            timeseries(
+                "Thermal throttling",
+                "Share of time each GPU's clocks were held back for heat (DCGM's thermal violation time). Warning "
+                "above 5% for 10 minutes. The power cap is not counted.",
+                [target('rate(DCGM_FI_DEV_THERMAL_VIOLATION{job="dcgm"}[$__rate_interval]) / 1e6', dcgm_gpu)],
+                "percentunit",
+                min_value=0,
+                limits=thresholds("green", 0.05, "orange"),
             ),
             row("Host and process"),
             timeseries(

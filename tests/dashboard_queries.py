@@ -56,6 +56,12 @@ MONITORING_METRICS = {
     "alertmanager_notifications_failed_total",
 }
 PROMETHEUS_SERIES = {"ALERTS"}
+# dcgm-exporter's, with deploy/dcgm-counters.csv (the compose `gpu` profile): GPU health.
+DCGM_METRICS = {
+    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+}
 # What HAProxy's own exporter exports and the fleet dashboard reads (tests/test_fleet_e2e.py checks that the real
 # binary exports them).
 HAPROXY_METRICS = {
@@ -101,12 +107,12 @@ def metric_names(expr: str) -> set[str]:
 
 def is_known_metric(name: str) -> bool:
     """Exported by Vigil (a histogram's _bucket/_sum/_count too) or its process_* collector, by the monitoring
-    itself or HAProxy, written by Prometheus (ALERTS), or recorded by a rule in alerts/rules/."""
+    itself, HAProxy or dcgm-exporter, written by Prometheus (ALERTS), or recorded by a rule in alerts/rules/."""
     return (
         name in VIGIL_METRICS
         or name in _HISTOGRAM_SERIES
         or name.startswith("process_")
-        or name in MONITORING_METRICS | PROMETHEUS_SERIES | HAPROXY_METRICS
+        or name in MONITORING_METRICS | PROMETHEUS_SERIES | HAPROXY_METRICS | DCGM_METRICS
         or name in {rule["record"] for _, rule in recording_rules()}
     )
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from dashboard_queries import (
     DASHBOARD_DIR,
+    DCGM_METRICS,
     HAPROXY_METRICS,
     ROOT,
     UNLABELLED_BY_MODEL,
@@ -159,6 +160,9 @@ def test_every_query_reads_exported_metrics_filtered_by_the_variables(dashboards
                 for metric, matchers in selected.items():
                     if metric in HAPROXY_METRICS:
                         assert matchers.startswith('instance=~"$balancer"'), f"{panel['title']}: {metric}"
+                        continue
+                    if metric in DCGM_METRICS:  # per GPU, from dcgm-exporter: its instance is not a replica
+                        assert matchers == 'job="dcgm"', f"{panel['title']}: {metric}"
                         continue
                     assert 'instance=~"$instance"' in matchers, f"{panel['title']}: {metric} not filtered by instance"
                     has_model = 'model=~"$model"' in matchers

@@ -282,9 +282,10 @@ def test_rewritten_configs_change_only_addresses_and_intervals(tmp_path):
 
 
 def is_gpu_query(expr: str) -> bool:
-    """Reads only per-GPU metrics, which a machine without a GPU does not have."""
+    """Reads only per-GPU metrics (Vigil's NVML ones, or dcgm-exporter's), which a machine without a GPU does not
+    have."""
     names = metric_names(expr)
-    return bool(names) and all(n.startswith("vigil_gpu_") and n != "vigil_gpu_count" for n in names)
+    return bool(names) and all(n.startswith(("vigil_gpu_", "DCGM_FI_")) and n != "vigil_gpu_count" for n in names)
 
 
 def test_dashboards_have_queries():
@@ -292,6 +293,7 @@ def test_dashboards_have_queries():
     assert len(queries) > 40
     assert any(is_gpu_query(expr) for _, _, expr in queries)
     assert not is_gpu_query('sum(vigil_gpu_count{instance=~"x"})')
+    assert is_gpu_query("increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[1h])")
 
 
 def test_idle_tiles_read_no_traffic_never_nan_or_red(prometheus, instance):
