@@ -346,6 +346,20 @@ def test_the_network_policy_lets_in_the_http_port_only(built):
     assert [port["port"] for rule in policy["ingress"] for port in rule["ports"]] == ["http"]
 
 
+def test_spans_go_to_the_collector_a_configmap_names_through_the_port_the_policy_opens(built):
+    objects = built[("cpu", ())]
+    env = {var["name"]: var for var in container(find(objects, "Deployment", "vigil"))["env"]}
+    endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"]["valueFrom"]["configMapKeyRef"]
+    assert endpoint == {"name": "vigil-telemetry", "key": "otlp-endpoint", "optional": True}  # no ConfigMap: off
+    assert env["OTEL_SERVICE_NAME"]["value"] == "vigil"
+    assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "k8s.pod.name=$(POD_NAME)"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    names = list(env)
+    assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES"), "defined before it is expanded"
+    policy = find(objects, "NetworkPolicy", "vigil")["spec"]
+    assert 4317 in [port["port"] for rule in policy["egress"] for port in rule["ports"]]
+
+
 def test_the_service_monitor_scrapes_the_replicas_as_job_vigil_with_their_track(built):
     objects = built[("cpu", ())]
     monitor, service = find(objects, "ServiceMonitor", "vigil")["spec"], find(objects, "Service", "vigil")
