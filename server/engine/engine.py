@@ -243,7 +243,6 @@ class LLMEngine:
     def _retire(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
         self.output_processor.remove_request(request.request_id)
-        self.runner.sampler.forget(request.request_id)
         if self.stats_listeners and not request.internal:
             self._pending_finished.append(finished_stats(request))
 

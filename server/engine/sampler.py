@@ -23,12 +23,14 @@ class Sampler:
 
     Logprobs come from the distribution the token is drawn from, before top-k and top-p: the logits after
     penalties, logit bias and the structured-output mask, divided by the temperature (greedy rows: by 1).
+
+    A seeded request's token at each output position is drawn with a generator of its seed and that position
+    alone, so it depends on nothing else: not on the steps before, nor on whether speculation verified it.
     """
 
     def __init__(self, greedy_tokens: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """``greedy_tokens``: each row's first highest logit (the layer ops' kernel)."""
         self._greedy_tokens = greedy_tokens
-        self._generators: dict[str, torch.Generator] = {}
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         params = [r.sampling_params for r in requests]
@@ -47,11 +49,9 @@ class Sampler:
         tokens = self._greedy_tokens(logits)
         for row, (request, p) in enumerate(zip(requests, params, strict=True)):
             if not p.greedy:
-                tokens[row] = self._sample_row(logits[row], p, request.request_id)
+                probs = torch.softmax(_top_k_top_p(logits[row], p), dim=-1)
+                tokens[row] = _draw_at(probs, p.seed, len(request.output_token_ids))
         return SamplerOutput(tokens.tolist(), self._logprobs(logits, tokens, params))
-
-    def forget(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]) -> list:
@@ -67,28 +67,23 @@ class Sampler:
     def check_guesses(self, logits: torch.Tensor, request: Request, guesses: list[int]) -> list[int]:
         """Speculative decoding's verification: ``logits`` has one row after each of 0..len(guesses) guesses; the
         result is the guesses kept and one more token, distributed as plain sampling would draw them (the request
-        has no penalties, bias, grammar or logprobs: see spec_decode.proposers.can_speculate)."""
+        has no penalties, bias, grammar or logprobs: see spec_decode.proposers.can_speculate). A seeded request
+        gets the very tokens plain sampling would: each position's token is drawn as there, and a guess is kept
+        while it is that token (kept with probability p(guess), as rejection sampling keeps a certain guess)."""
         params = request.sampling_params
         if params.greedy:
             return verify_greedy(self._greedy_tokens(logits).tolist(), guesses)
         rows = logits.float() / params.temperature
         probs = torch.stack([torch.softmax(_top_k_top_p(row, params), dim=-1) for row in rows])
-        return verify(probs, guesses, None, self._generator(params, request.request_id, logits.device))
-
-    def _sample_row(self, logits: torch.Tensor, params: SamplingParams, request_id: str) -> int:
-        """``logits`` are already divided by the temperature."""
-        probs = torch.softmax(_top_k_top_p(logits, params), dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self._generator(params, request_id, logits.device)))
-
-    def _generator(self, params: SamplingParams, request_id: str, device: torch.device) -> torch.Generator | None:
-        """The request's own generator, on the logits' device (a CUDA draw takes only a CUDA generator)."""
         if params.seed is None:
-            return None
-        generator = self._generators.get(request_id)
-        if generator is None:
-            generator = torch.Generator(device=device).manual_seed(params.seed)
-            self._generators[request_id] = generator
-        return generator
+            return verify(probs, guesses, None, None)
+        position, kept = len(request.output_token_ids), []
+        for i, guess in enumerate(guesses):
+            token = _draw_at(probs[i], params.seed, position + i)
+            if token != guess:
+                return [*kept, token]
+            kept.append(token)
+        return [*kept, _draw_at(probs[len(guesses)], params.seed, position + len(guesses))]
 
 
 def _is_plain_greedy(request: Request) -> bool:
@@ -171,3 +166,12 @@ def refused_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     times faster than shifts in torch."""
     inverted = np.invert(bitmask.numpy().view(np.uint8))
     return torch.from_numpy(np.unpackbits(inverted, axis=1, bitorder="little")[:, :vocab_size].view(np.bool_))
+
+
+def _draw_at(probs: torch.Tensor, seed: int | None, position: int) -> int:
+    """One token from ``probs``: with the global generator when unseeded, else with one of ``seed`` and the output
+    ``position`` together (splitmix64's constant spreads nearby seeds and positions apart)."""
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=probs.device).manual_seed((seed * 0x9E3779B97F4A7C15 + position) % 2**64)
+    return int(torch.multinomial(probs, 1, generator=generator))
