@@ -22,7 +22,7 @@ import yaml
 
 from deploy.haproxy.rollout import ROUTING_MAP
 from deploy.haproxy.runtime_api import RuntimeAPI
-from server.bench.local_server import free_port
+from server.bench.local_server import SERVER_PROGRAM, free_port
 from tests.api_server import APIServer
 from tests.ops_stack import INTERVAL, PROMETHEUS_CONFIG, ROOT, Daemon, wait_until
 
@@ -76,12 +76,14 @@ class Replica:
     """``vigil serve`` with its agent check, known to HAProxy as ``name``. ``replace()`` stops it as an orchestrator
     does (SIGTERM: it drains, then exits 0) and starts a new one on the same ports."""
 
-    def __init__(self, name: str, model_folder: Path, *serve_args: str) -> None:
+    def __init__(self, name: str, model_folder: Path, *serve_args: str, program: tuple[str, ...] = SERVER_PROGRAM
+                 ) -> None:
         self.name = name
         self.agent_port = free_port()
         self._model_folder = model_folder
         self._serve_args = ("--agent-port", str(self.agent_port), *serve_args)
-        self.server = APIServer(model_folder, *self._serve_args)
+        self._program = program
+        self.server = APIServer(model_folder, *self._serve_args, program=program)
         self.generation = 1
 
     @property
@@ -95,7 +97,8 @@ class Replica:
 
     def start(self) -> None:
         """A new process on the same ports, once ready."""
-        self.server = APIServer(self._model_folder, *self._serve_args, port=self.server.port).wait_ready()
+        self.server = APIServer(self._model_folder, *self._serve_args, program=self._program,
+                                port=self.server.port).wait_ready()
         self.generation += 1
 
     def replace(self) -> None:

@@ -1,0 +1,87 @@
+"""Chaos: faults played against a fleet on 127.0.0.1 (tests/chaos/stack.py): two real replicas behind the real
+HAProxy (deploy/haproxy/haproxy.cfg), watched by the real Prometheus with the project's rules, paging through the
+real Alertmanager into the alert inbox. Every request is accounted for: answered, or failed with an error the
+client sees at once; none is lost silently or left hanging. Each scenario prints its row of the table.
+
+- A replica killed outright (SIGKILL) under load: requests it had not answered are retried by HAProxy
+  (retry-on conn-failure empty-response) and answered; the streams it had begun end with an error at once.
+  VigilServerDown for it reaches the inbox within its `for:` and a few evaluations.
+- A replica's engine thread dies while its HTTP loop lives: /livez and its agent check say so, HAProxy takes it out
+  of the rotation, the requests it was running end in a clean 500, later ones are answered by the other
+  replica, VigilNotReady pages for it, and nothing else pages.
+"""
+
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.chaos.stack import ChaosStack, StreamOutcomes, print_row
+from tests.fleet import ClientLoop
+from tests.ops_stack import wait_until
+from tests.serve_with_switches import PROGRAM as FAULT_SWITCH_PROGRAM
+
+pytestmark = [pytest.mark.e2e, pytest.mark.server]
+
+FOR_S = 3  # the `for:` of the alerts a scenario expects, shrunk from minutes
+# For plus the scrape that sees the fault, two evaluations, Alertmanager's grouping (1 s) and a margin.
+PAGE_WITHIN_S = FOR_S + 12
+SERVED_AFTER = 20
+FAULT_SIGNAL = signal.SIGUSR1  # tests/serve_with_switches.py: the engine's next step raises
+
+
+def test_a_replica_killed_under_load_loses_no_request_and_pages(tmp_path, tiny_folder):
+    with ChaosStack(tmp_path, tiny_folder, {"VigilServerDown": f"{FOR_S}s"}) as stack:
+        victim = stack.replicas["vigil-1"]
+        # Streams first, so that one is surely on the victim when it dies; then short requests beside them.
+        with StreamOutcomes(stack.haproxy.url) as streams:
+            wait_until(lambda: victim.server.engine_state()["num_unfinished"] >= 1, 60, interval=0.05,
+                       what="a stream runs on the victim")  # fmt: skip
+            with ClientLoop(stack.haproxy.url, clients=4, max_tokens=24, max_seconds=240) as loop:
+                wait_until(lambda: stack.haproxy.api.server("blue", victim.name).sessions >= 2, 60, interval=0.02,
+                           what="short requests in flight on the victim beside its stream")  # fmt: skip
+                victim.server.process.kill()  # SIGKILL: no drain, no goodbye
+                killed_at = time.monotonic()
+                victim.server.process.wait()
+                sent = loop.sent
+                wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 120, what="the loop is served by vigil-2 alone")
+                page = stack.wait_for_page("VigilServerDown", PAGE_WITHIN_S + 30)
+                paged_after_s = time.monotonic() - killed_at
+        print_row("replica killed (SIGKILL) under load", loop, streams, "VigilServerDown", stack, paged_after_s)
+        assert loop.failures == [], loop.failures[:5]  # not-yet-answered requests were retried and answered
+        assert streams.hung == 0, "a stream hung"
+        assert streams.outcomes["failed with an error"] >= 1, "the victim's stream must have ended in an error"
+        assert streams.slowest_error_s < streams.timeout_s
+        assert page["labels"]["instance"] == victim.address
+        assert paged_after_s <= PAGE_WITHIN_S, paged_after_s
+        assert stack.pages() == [("VigilServerDown", victim.address)]
+
+
+def test_a_replica_whose_engine_dies_is_taken_out_of_rotation_and_pages_as_not_ready(tmp_path, tiny_folder):
+    with ChaosStack(tmp_path, tiny_folder, {"VigilNotReady": f"{FOR_S}s"}, program=FAULT_SWITCH_PROGRAM) as stack:
+        victim = stack.replicas["vigil-1"]
+        with ClientLoop(stack.haproxy.url, clients=4, max_tokens=24, max_seconds=240) as loop:
+            wait_until(lambda: stack.haproxy.api.server("blue", victim.name).sessions >= 1, 60, interval=0.02,
+                       what="requests in flight on the victim")  # fmt: skip
+            victim.server.process.send_signal(FAULT_SIGNAL)  # its engine's next step raises; HTTP lives on
+            failed_at = time.monotonic()
+            wait_until(lambda: not stack.haproxy.api.server("blue", victim.name).up, 30, interval=0.1,
+                       what="HAProxy takes the victim out of the rotation")  # fmt: skip
+            out_after_s = time.monotonic() - failed_at
+            sent = loop.sent
+            wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 120, what="the loop is served by vigil-2 alone")
+            page = stack.wait_for_page("VigilNotReady", PAGE_WITHIN_S + 30)
+            paged_after_s = time.monotonic() - failed_at
+        print_row("engine thread dead, HTTP loop alive", loop, None, "VigilNotReady", stack, paged_after_s)
+        live = httpx.get(f"{victim.server.base_url}/livez", timeout=10)
+        assert live.status_code == 503 and live.json()["error"]["code"] == "engine_dead"
+        # Only the requests running on the victim when its engine died fail, each with a clean 500.
+        assert all(failure.startswith("500:") and "engine_error" in failure for failure in loop.failures), \
+            loop.failures[:5]  # fmt: skip
+        assert len(loop.failures) <= 4
+        assert out_after_s < 10, out_after_s
+        assert page["labels"]["instance"] == victim.address
+        assert paged_after_s <= PAGE_WITHIN_S, paged_after_s
+        assert stack.pages() == [("VigilNotReady", victim.address)], "nothing else pages"
+
