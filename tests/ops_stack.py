@@ -229,7 +229,7 @@ class Daemon:
 
 
 class Prometheus(Daemon):
-    def __init__(self, config: dict, workdir: Path, port: int) -> None:
+    def __init__(self, config: dict, workdir: Path, port: int, flags: tuple[str, ...] = ()) -> None:
         binary = require_binary("prometheus")
         config_path = workdir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -241,6 +241,7 @@ class Prometheus(Daemon):
             f"--web.external-url=http://127.0.0.1:{port}",
             "--enable-feature=exemplar-storage",
             "--log.level=warn",
+            *flags,
         ]
         super().__init__("prometheus", command, port, workdir / "prometheus.log", "/-/ready")
 

@@ -28,6 +28,9 @@ from tests.ops_stack import (
 REPLICAS = ("vigil-1", "vigil-2")
 REPLICA_ARGS = ("--max-num-seqs", "8")
 STREAMS = 3
+# Prometheus tells Alertmanager that a firing alert lasts four resend delays past its last evaluation; with the
+# default minute, the heartbeat would go on for 4 minutes after Prometheus stopped.
+PROMETHEUS_FLAGS = ("--rules.alert.resend-delay=1s",)
 STREAM_TOKENS = 480  # up to the tiny model's 512 positions: a stream outlives the wait before a fault
 
 
@@ -63,7 +66,7 @@ class ChaosStack:
         self.prometheus = Prometheus(prometheus_config(
             targets, f"127.0.0.1:{port}", f"127.0.0.1:{alertmanager.port}", rewrite_rules(rule_dir, self._fast_for),
             {"grafana_url": "http://grafana.test:3000", "docs_url": f"{self.inbox.url}/docs"},
-        ), self._workdir, port)  # fmt: skip
+        ), self._workdir, port, PROMETHEUS_FLAGS)  # fmt: skip
         self._daemons.append(self.prometheus)
         wait_until(lambda: sum(target["health"] == "up" for target in self.prometheus.active_targets()
                                if target["labels"]["job"] == "vigil") == len(REPLICAS), 60,

@@ -9,6 +9,7 @@ client sees at once; none is lost silently or left hanging. Each scenario prints
 - A replica's engine thread dies while its HTTP loop lives: /livez and its agent check say so, HAProxy takes it out
   of the rotation, the requests it was running end in a clean 500, later ones are answered by the other
   replica, VigilNotReady pages for it, and nothing else pages.
+- Prometheus stopped: serving goes on, and the heartbeat stops reaching its receiver, which is the signal.
 """
 
 import signal
@@ -29,6 +30,7 @@ FOR_S = 3  # the `for:` of the alerts a scenario expects, shrunk from minutes
 PAGE_WITHIN_S = FOR_S + 12
 SERVED_AFTER = 20
 FAULT_SIGNAL = signal.SIGUSR1  # tests/serve_with_switches.py: the engine's next step raises
+HEARTBEAT_SILENCE_S = 10.0  # five heartbeats missed
 
 
 def test_a_replica_killed_under_load_loses_no_request_and_pages(tmp_path, tiny_folder):
@@ -85,3 +87,23 @@ def test_a_replica_whose_engine_dies_is_taken_out_of_rotation_and_pages_as_not_r
         assert paged_after_s <= PAGE_WITHIN_S, paged_after_s
         assert stack.pages() == [("VigilNotReady", victim.address)], "nothing else pages"
 
+
+
+def test_prometheus_stopped_stops_the_heartbeat_which_is_the_signal(tmp_path, tiny_folder):
+    """No alert can say that the alerting itself is down: the heartbeat (VigilWatchdog, every 2 s here) stopping at
+    its receiver is the signal, which a dead man's switch outside the stack turns into a page."""
+    with ChaosStack(tmp_path, tiny_folder, {}) as stack:
+        with ClientLoop(stack.haproxy.url, clients=2, max_tokens=16, max_seconds=120) as loop:
+            beating = wait_until(lambda: (beat := stack.inbox.heartbeat())["count"] >= 2 and beat, 60,
+                                 what="heartbeats reach the inbox")  # fmt: skip
+            stack.prometheus.stop()
+            stopped_at = time.monotonic()
+            last = wait_until(lambda: (beat := stack.inbox.heartbeat())["seconds_ago"] > HEARTBEAT_SILENCE_S and beat,
+                              90, interval=0.5, what="the heartbeat stops")  # fmt: skip
+            silent_after_s = time.monotonic() - stopped_at - last["seconds_ago"]
+            sent = loop.sent
+            wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 60, what="serving goes on without monitoring")
+        print_row("Prometheus stopped", loop, None, "heartbeat stops", stack, silent_after_s)
+        assert last["count"] >= beating["count"]
+        assert loop.failures == [], loop.failures[:5]
+        assert stack.pages() == [], "nothing can page with Prometheus down"
