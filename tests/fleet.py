@@ -168,6 +168,7 @@ class ClientLoop:
     max_tokens: int = 16
     max_requests: int = 5000
     max_seconds: float = 300.0
+    ignore_eos: bool = False
     codes: Counter = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
 
@@ -185,7 +186,8 @@ class ClientLoop:
         return not self._stop.is_set() and self.sent < self.max_requests and time.monotonic() < self._deadline
 
     def _run(self) -> None:
-        body = {"model": "smollm", "prompt": "Count to ten:", "max_tokens": self.max_tokens, "temperature": 0.0}
+        body = {"model": "smollm", "prompt": "Count to ten:", "max_tokens": self.max_tokens, "temperature": 0.0,
+                "ignore_eos": self.ignore_eos}
         with httpx.Client(timeout=120) as client:
             while self._more():
                 try:

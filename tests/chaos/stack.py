@@ -36,9 +36,10 @@ STREAM_TOKENS = 480  # up to the tiny model's 512 positions: a stream outlives t
 
 class ChaosStack:
     def __init__(self, workdir: Path, model_folder: Path, fast_for: dict[str, str],
-                 program: tuple[str, ...] = SERVER_PROGRAM) -> None:  # fmt: skip
+                 program: tuple[str, ...] = SERVER_PROGRAM, replica_args: tuple[str, ...] = ()) -> None:  # fmt: skip
         self._workdir, self._fast_for = workdir, fast_for
-        self.replicas = {name: Replica(name, model_folder, *REPLICA_ARGS, program=program) for name in REPLICAS}
+        self.replicas = {name: Replica(name, model_folder, *REPLICA_ARGS, *replica_args, program=program)
+                         for name in REPLICAS}  # fmt: skip
         self.inbox = AlertInbox(ROOT / "docs")
         self._daemons: list = []
 
@@ -77,10 +78,11 @@ class ChaosStack:
                    what=f"{alertname} in the inbox")  # fmt: skip
         return self.inbox.alerts(alertname, "firing")[0]
 
-    def pages(self) -> list[tuple[str, str]]:
-        """Every page the inbox received, as (alert, instance), without repeats."""
+    def pages(self, receiver: str = "critical") -> list[tuple[str, str]]:
+        """Every alert the inbox received through ``receiver`` (pages by default), as (alert, instance), without
+        repeats."""
         found = [(alert["alertname"], alert["labels"].get("instance", ""))
-                 for alert in self.inbox.alerts(status="firing", receiver="critical")]  # fmt: skip
+                 for alert in self.inbox.alerts(status="firing", receiver=receiver)]  # fmt: skip
         return sorted(set(found))
 
     def __exit__(self, kind: type | None, error: BaseException | None, trace: TracebackType | None) -> None:
@@ -143,13 +145,13 @@ HEADER = ("scenario | requests sent | answered | failed with a clean error | los
           "alerts received | time to alert")
 
 
-def print_row(scenario: str, loop: ClientLoop, streams: StreamOutcomes | None, expected: str, stack: ChaosStack,
-              alert_after_s: float) -> None:  # fmt: skip
+def print_row(scenario: str, loop: ClientLoop, streams: StreamOutcomes | None, expected: str,
+              received: list[tuple[str, str]], alert_after_s: float) -> None:  # fmt: skip
     """The scenario's row of the chaos table (pytest -s shows it; the note collects the rows)."""
     stream_counts = streams.outcomes if streams is not None else Counter()
     sent = loop.sent + sum(stream_counts.values())
     answered = loop.codes[200] + stream_counts["answered"]
     lost = streams.hung if streams is not None else 0
-    received = ", ".join(f"{name} for {instance}" for name, instance in stack.pages())
+    alerts = ", ".join(f"{name} for {instance}" for name, instance in received) or "none"
     print(f"\n{HEADER}\n{scenario} | {sent} | {answered} | {sent - answered - lost} | {lost} | {expected} | "
-          f"{received} | {alert_after_s:.1f} s")
+          f"{alerts} | {alert_after_s:.1f} s")

@@ -10,6 +10,8 @@ client sees at once; none is lost silently or left hanging. Each scenario prints
   of the rotation, the requests it was running end in a clean 500, later ones are answered by the other
   replica, VigilNotReady pages for it, and nothing else pages.
 - Prometheus stopped: serving goes on, and the heartbeat stops reaching its receiver, which is the signal.
+- The KV pool filled by long generations: requests are preempted and recomputed, none fails, the KV-pressure and
+  preemption warnings reach the inbox, nothing pages, and the KV warning resolves once the load is gone.
 """
 
 import signal
@@ -50,7 +52,7 @@ def test_a_replica_killed_under_load_loses_no_request_and_pages(tmp_path, tiny_f
                 wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 120, what="the loop is served by vigil-2 alone")
                 page = stack.wait_for_page("VigilServerDown", PAGE_WITHIN_S + 30)
                 paged_after_s = time.monotonic() - killed_at
-        print_row("replica killed (SIGKILL) under load", loop, streams, "VigilServerDown", stack, paged_after_s)
+        print_row("replica killed (SIGKILL) under load", loop, streams, "VigilServerDown", stack.pages(), paged_after_s)
         assert loop.failures == [], loop.failures[:5]  # not-yet-answered requests were retried and answered
         assert streams.hung == 0, "a stream hung"
         assert streams.outcomes["failed with an error"] >= 1, "the victim's stream must have ended in an error"
@@ -75,7 +77,7 @@ def test_a_replica_whose_engine_dies_is_taken_out_of_rotation_and_pages_as_not_r
             wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 120, what="the loop is served by vigil-2 alone")
             page = stack.wait_for_page("VigilNotReady", PAGE_WITHIN_S + 30)
             paged_after_s = time.monotonic() - failed_at
-        print_row("engine thread dead, HTTP loop alive", loop, None, "VigilNotReady", stack, paged_after_s)
+        print_row("engine thread dead, HTTP loop alive", loop, None, "VigilNotReady", stack.pages(), paged_after_s)
         live = httpx.get(f"{victim.server.base_url}/livez", timeout=10)
         assert live.status_code == 503 and live.json()["error"]["code"] == "engine_dead"
         # Only the requests running on the victim when its engine died fail, each with a clean 500.
@@ -103,7 +105,33 @@ def test_prometheus_stopped_stops_the_heartbeat_which_is_the_signal(tmp_path, ti
             silent_after_s = time.monotonic() - stopped_at - last["seconds_ago"]
             sent = loop.sent
             wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 60, what="serving goes on without monitoring")
-        print_row("Prometheus stopped", loop, None, "heartbeat stops", stack, silent_after_s)
+        print_row("Prometheus stopped", loop, None, "the heartbeat stops", stack.pages(), silent_after_s)
         assert last["count"] >= beating["count"]
         assert loop.failures == [], loop.failures[:5]
         assert stack.pages() == [], "nothing can page with Prometheus down"
+
+
+# 48 blocks of 16 tokens (16 KiB each for the tiny model's fp16 cache): a few long generations fill it.
+SMALL_KV_POOL = ("--kv-cache-memory", "768KiB")
+KV_WARNINGS = ("VigilKVCacheHighUsage", "VigilPreemptionsSustained")
+
+
+def test_a_kv_pool_filled_by_long_generations_preempts_fails_nothing_and_warns_until_it_drains(tmp_path, tiny_folder):
+    fast = dict.fromkeys(KV_WARNINGS, f"{FOR_S}s")
+    with ChaosStack(tmp_path, tiny_folder, fast, replica_args=SMALL_KV_POOL) as stack:
+        loaded_at = time.monotonic()
+        with ClientLoop(stack.haproxy.url, clients=8, max_tokens=400, ignore_eos=True, max_seconds=240) as loop:
+            warning = wait_until(lambda: stack.inbox.alerts("VigilKVCacheHighUsage", "firing"), PAGE_WITHIN_S + 60,
+                                 interval=0.2, what="the KV-pressure warning in the inbox")[0]  # fmt: skip
+            warned_after_s = time.monotonic() - loaded_at
+            preempted = wait_until(lambda: stack.inbox.alerts("VigilPreemptionsSustained", "firing"), 60,
+                                   interval=0.2, what="the preemption warning in the inbox")  # fmt: skip
+        drained = wait_until(  # the rule reads each minute's peak: it resolves a minute after the load
+            lambda: stack.inbox.alerts("VigilKVCacheHighUsage", "resolved"), 100, interval=0.2,
+            what="the KV-pressure warning resolved once the load is gone")  # fmt: skip
+        print_row("KV pool exhausted by long generations", loop, None, ", ".join(KV_WARNINGS),
+                  stack.pages("warning"), warned_after_s)  # fmt: skip
+        assert loop.sent > 0 and loop.failures == [], loop.failures[:5]  # preempted and recomputed, never refused
+        assert warning["labels"]["instance"] in {replica.address for replica in stack.replicas.values()}
+        assert preempted and drained
+        assert stack.pages() == [], "a burst of KV pressure is a ticket, not a page"
