@@ -146,7 +146,7 @@ HEADER = ("scenario | requests sent | answered | failed with a clean error | los
 
 
 def print_row(scenario: str, loop: ClientLoop, streams: StreamOutcomes | None, expected: str,
-              received: list[tuple[str, str]], alert_after_s: float) -> None:  # fmt: skip
+              received: list[tuple[str, str]], alert_after_s: float | None) -> None:  # fmt: skip
     """The scenario's row of the chaos table (pytest -s shows it; the note collects the rows)."""
     stream_counts = streams.outcomes if streams is not None else Counter()
     sent = loop.sent + sum(stream_counts.values())
@@ -154,4 +154,4 @@ def print_row(scenario: str, loop: ClientLoop, streams: StreamOutcomes | None, e
     lost = streams.hung if streams is not None else 0
     alerts = ", ".join(f"{name} for {instance}" for name, instance in received) or "none"
     print(f"\n{HEADER}\n{scenario} | {sent} | {answered} | {sent - answered - lost} | {lost} | {expected} | "
-          f"{alerts} | {alert_after_s:.1f} s")
+          f"{alerts} | {'-' if alert_after_s is None else f'{alert_after_s:.1f} s'}")

@@ -12,9 +12,14 @@ client sees at once; none is lost silently or left hanging. Each scenario prints
 - Prometheus stopped: serving goes on, and the heartbeat stops reaching its receiver, which is the signal.
 - The KV pool filled by long generations: requests are preempted and recomputed, none fails, the KV-pressure and
   preemption warnings reach the inbox, nothing pages, and the KV warning resolves once the load is gone.
+- Readers that stall (a long stream asked for and never read): everyone else is served as before, within a
+  stated bound, and the stalled requests end and free their blocks.
 """
 
+import json
 import signal
+import socket
+import statistics
 import time
 
 import httpx
@@ -135,3 +140,56 @@ def test_a_kv_pool_filled_by_long_generations_preempts_fails_nothing_and_warns_u
         assert warning["labels"]["instance"] in {replica.address for replica in stack.replicas.values()}
         assert preempted and drained
         assert stack.pages() == [], "a burst of KV pressure is a ticket, not a page"
+
+
+STALLED_READERS = 16
+STALL_BOUND = 3.0  # another client's median latency with the stalled readers, at most this times without, plus 1 s
+
+
+def test_readers_that_stall_hold_no_other_client_back(tmp_path, tiny_folder):
+    """Clients that open a long stream and never read it: HAProxy and the server buffer what they can and stop
+    writing to them, the engine finishes their requests anyway, and everyone else is served as before."""
+    with ChaosStack(tmp_path, tiny_folder, {}) as stack:
+        before = timed_completions(stack.haproxy.url, 12)
+        stalled = [stalled_reader(stack.haproxy.url) for _ in range(STALLED_READERS)]
+        try:
+            wait_until(lambda: sum(replica.server.engine_state()["num_unfinished"] for replica in
+                                   stack.replicas.values()) >= 4, 30, interval=0.05,
+                       what="the stalled readers' requests run")  # fmt: skip
+            with ClientLoop(stack.haproxy.url, clients=2, max_tokens=16, max_seconds=120) as loop:
+                during = timed_completions(stack.haproxy.url, 12)
+        finally:
+            for sock in stalled:
+                sock.close()
+        print_row(f"{STALLED_READERS} readers that stall", loop, None, "none", stack.pages(), None)
+        print(f"another client's median latency: {statistics.median(before) * 1000:.0f} ms without the stalled "
+              f"readers, {statistics.median(during) * 1000:.0f} ms with them")
+        assert loop.failures == [], loop.failures[:5]
+        assert statistics.median(during) <= STALL_BOUND * statistics.median(before) + 1.0
+        for replica in stack.replicas.values():
+            replica.server.wait_all_blocks_free(timeout=60)  # their requests end; nothing is held
+        assert stack.pages() == []
+
+
+def timed_completions(url: str, count: int) -> list[float]:
+    seconds = []
+    body = {"model": "smollm", "prompt": "Hello", "max_tokens": 8, "temperature": 0.0}
+    with httpx.Client(timeout=60) as client:
+        for _ in range(count):
+            started = time.monotonic()
+            assert client.post(f"{url}/v1/completions", json=body).status_code == 200
+            seconds.append(time.monotonic() - started)
+    return seconds
+
+
+def stalled_reader(url: str) -> socket.socket:
+    """A connection that asks for a long stream, with a receive buffer of 1 KiB, and never reads a byte."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.connect((host, int(port)))
+    body = json.dumps({"model": "smollm", "prompt": "Once", "max_tokens": 480, "ignore_eos": True,
+                       "temperature": 1.0, "stream": True}).encode()  # fmt: skip
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+    return sock
