@@ -23,6 +23,16 @@ def tiny_folder(tmp_path_factory, smollm_folder):
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm_folder)
 
 
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_folder):
+    """The tiny Llama's engine in fp32 with a 16 MiB pool, one per test module: the engine's machinery, fast."""
+    from server.config import EngineConfig
+    from server.engine.builder import build_engine
+
+    return build_engine(EngineConfig(model=str(tiny_folder), dtype="float32", kv_cache_memory=16 * 2**20,
+                                     max_num_batched_tokens=64))
+
+
 @pytest.fixture(scope="session")
 def llm_fp32(smollm_folder):
     from server import LLM

@@ -16,9 +16,7 @@ from server.api.grammar_process import CheckTimedOut, GrammarWorker, WorkerCrash
 from server.api.grammar_shape import shape_problem
 from server.api.grammar_spec import GrammarSpec, json_schema_spec
 from server.api.structured_output import WORKER_STACK_BYTES, GrammarCompiler
-from server.config import EngineConfig
 from server.engine.async_engine import AsyncEngine
-from server.engine.builder import build_engine
 from tests.api_server import shared_server
 
 
@@ -72,9 +70,8 @@ def test_real_grammars_pass_the_shape_check(kind, source):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_folder):
-    return build_engine(EngineConfig(model=str(tiny_folder), dtype="float32", kv_cache_memory=16 * 2**20,
-                                     max_num_batched_tokens=64))
+def engine(tiny_engine):
+    return tiny_engine
 
 
 @pytest.fixture(scope="module")

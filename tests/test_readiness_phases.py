@@ -4,18 +4,9 @@ reported beside it agrees."""
 
 import asyncio
 
-import pytest
-
 from server.api.lifecycle import Lifecycle
 from server.api.readiness import ReadinessProbe
-from server.config import EngineConfig
 from server.engine.async_engine import AsyncEngine
-from server.engine.builder import build_engine
-
-
-@pytest.fixture(scope="module")
-def tiny_engine(tiny_folder):
-    return build_engine(EngineConfig(model=str(tiny_folder), dtype="float32", kv_cache_memory=16 * 2**20))
 
 
 def test_a_loaded_engine_warms_up_before_it_is_ready(tiny_engine):

@@ -10,18 +10,15 @@ import pytest
 from server.api.errors import APIError
 from server.api.grammar_spec import GrammarSpec, json_schema_spec
 from server.api.structured_output import MAX_GRAMMAR_CHARS, GrammarCompiler
-from server.config import EngineConfig
 from server.engine.async_engine import AsyncEngine
-from server.engine.builder import build_engine
 from server.engine.request import SamplingParams
 
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_folder):
-    return build_engine(EngineConfig(model=str(tiny_folder), dtype="float32", kv_cache_memory=16 * 2**20,
-                                     max_num_batched_tokens=64))
+def engine(tiny_engine):
+    return tiny_engine
 
 
 @pytest.fixture(scope="module")
