@@ -19,7 +19,7 @@ from server.engine import sampler as sampling
 from server.engine.builder import build_engine
 from server.engine.engine import LLMEngine
 from server.engine.request import Request, SamplingParams
-from server.engine.sampler import Sampler, SamplerOutput
+from server.engine.sampler import Sampler, SamplerOutput, _draw_at
 from server.models.decoder import DecoderModel
 
 TOKEN = 42
@@ -99,9 +99,9 @@ def test_a_value_read_on_the_step_path_is_caught(meta_engine, monkeypatch):
         run_all(meta_engine)
 
 
-def test_the_seeded_generator_is_made_on_the_logits_device():
+def test_the_seeded_generator_is_made_on_the_probabilities_device():
     """On meta no generator can be made at all: the attempt shows the device it was asked for."""
-    params = SamplingParams(temperature=1.0, seed=3)
     with pytest.raises(RuntimeError, match="META"):
-        Sampler(reference.greedy_tokens)._generator(params, "r", torch.device("meta"))
-    assert Sampler(reference.greedy_tokens)._generator(params, "r", torch.device("cpu")).device.type == "cpu"
+        _draw_at(torch.ones(4, device="meta"), seed=3, position=0)
+    assert [_draw_at(torch.ones(4), seed=3, position=p) for p in range(8)] == [
+        _draw_at(torch.ones(4), seed=3, position=p) for p in range(8)]  # the seed and the position, nothing else
