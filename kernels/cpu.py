@@ -12,7 +12,7 @@ import logging
 from functools import cache
 from types import ModuleType
 
-from kernels.cpu_variants import CpuVariant, chosen_variant, executable_variants
+from kernels.cpu_variants import CpuVariant, chosen_variant
 
 logger = logging.getLogger("vigil.kernels")
 
@@ -46,5 +46,3 @@ def variant_name() -> str:
     variant = chosen_variant()
     return variant.name if variant is not None and load_variant(variant) is not None else "torch"
 
-
-__all__ = ["executable_variants", "load", "load_variant", "variant_name"]
