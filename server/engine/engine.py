@@ -85,20 +85,20 @@ class LLMEngine:
         """Refuse a text too long to fit the context: by its length alone where it can, else by counting its
         tokens a chunk at a time, stopping once the count is past the context (never tokenizing much more)."""
         if len(text) > self.max_prompt_chars:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, the prompt has "
-                f"{len(text)} characters, and no text over {self.max_prompt_chars} fits in that many tokens. "
-                "Please reduce the length of the prompt.",
-                param="prompt",
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
+            raise self._context_exceeded(f"the prompt has {len(text)} characters, and no text over "
+                                         f"{self.max_prompt_chars} fits in that many tokens")
         if self.tokenizer.long_text_exceeds(text, self.max_model_len):
-            raise InvalidRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, the prompt has "
-                f"more than {self.max_model_len} tokens. Please reduce the length of the prompt.",
-                param="prompt",
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
+            raise self._context_exceeded(f"the prompt has more than {self.max_model_len} tokens")
+
+    def _context_exceeded(self, however: str, param: str = "prompt", shorten: str = "the prompt"
+                          ) -> InvalidRequestError:
+        """OpenAI's wording, which clients (LiteLLM) recognise by "maximum context length"."""
+        return InvalidRequestError(
+            f"This model's maximum context length is {self.max_model_len} tokens. However, {however}. Please "
+            f"reduce the length of {shorten}.",
+            param=param,
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
 
     def make_request(
         self,
@@ -110,7 +110,7 @@ class LLMEngine:
         constraint: TokenConstraint | None = None,
     ) -> Request:
         """Validate and tokenize; raises InvalidRequestError naming the offending parameter. A text prompt too
-        long to fit is refused by its length alone, before any tokenizing."""
+        long to fit is refused before it is tokenized whole (``check_prompt_length``)."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         params.verify(self.vocab_size)
@@ -123,20 +123,13 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})", param="prompt")
         room = self.max_model_len - len(token_ids)
         if room < 1:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, the prompt has "
-                f"{len(token_ids)} tokens, which leaves no room for a completion. Please reduce the length of the "
-                "prompt.",
-                param="prompt",
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
+            raise self._context_exceeded(
+                f"the prompt has {len(token_ids)} tokens, which leaves no room for a completion")
         if params.max_tokens is not None and params.max_tokens > room:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{len(token_ids) + params.max_tokens} tokens ({len(token_ids)} in the prompt, {params.max_tokens} "
-                "for the completion). Please reduce the length of the prompt or of the completion.",
-                param="max_tokens",
-                code=CONTEXT_LENGTH_EXCEEDED,
+            raise self._context_exceeded(
+                f"you requested {len(token_ids) + params.max_tokens} tokens ({len(token_ids)} in the prompt, "
+                f"{params.max_tokens} for the completion)",
+                param="max_tokens", shorten="the prompt or of the completion",
             )
         request = Request(
             request_id=request_id,
