@@ -140,18 +140,46 @@ def finished(request_id: str, first_token_time: float | None, finish_reason: str
     )
 
 
-def test_a_request_given_up_on_before_its_first_token_counts_as_slow_as_its_wait():
-    """It was not counted at all before: 12 s without a token is a TTFT of at least 12 s for the SLO."""
-    registry = CollectorRegistry()
-    logger = PrometheusStatLogger(VigilMetrics("smol", registry))
-    step = StepStats(
+def quiet_step(**fields) -> StepStats:
+    return StepStats(
         timestamp=112.0, step_duration_s=0.01, num_running=0, num_waiting=0, num_kv_blocks_used=0,
         num_kv_blocks_total=16, num_kv_slots_held=0, num_kv_slots_filled=0, num_scheduled_tokens=0,
         num_prefill_seqs=0, num_decode_seqs=0, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0,
-        num_prompt_tokens=0, num_generation_tokens=0, model_flops=0,
-        finished=[finished("gave-up", None, "abort"), finished("answered-then-aborted", 100.8, "abort")],
+        num_prompt_tokens=0, num_generation_tokens=0, model_flops=0, **fields,
     )
-    logger.record(step)
+
+
+def test_a_request_given_up_on_before_its_first_token_counts_as_slow_as_its_wait():
+    """It was not counted at all before: 12 s without a token is a TTFT of at least 12 s for the SLO. A request
+    answered and then aborted was counted when its first token came, and is not counted again."""
+    registry = CollectorRegistry()
+    logger = PrometheusStatLogger(VigilMetrics("smol", registry))
+    logger.record(quiet_step(time_to_first_token_s={"answered-then-aborted": 0.8}))
+    assert sample(registry, "vigil_time_to_first_token_seconds_count") == 1
+    logger.record(quiet_step(finished=[finished("gave-up", None, "abort"), finished("answered-then-aborted", 100.8,
+                                                                                    "abort")]))
     assert sample(registry, "vigil_time_to_first_token_seconds_count") == 2
     assert sample(registry, "vigil_time_to_first_token_seconds_sum") == pytest.approx(12.0 + 0.8)
     assert sample(registry, "vigil_time_to_first_token_seconds_bucket", le="2.0") == 1
+
+
+def test_ttft_is_counted_when_the_first_token_comes_not_when_the_request_ends(tiny_engine):
+    """A stream whose first token was slow must show in the TTFT SLO while it is still streaming."""
+    registry = CollectorRegistry()
+    logger = PrometheusStatLogger(VigilMetrics("smol", registry))
+    tiny_engine.stats_listeners.append(logger.record)
+    try:
+        request = tiny_engine.make_request("streaming-ttft", [1, 2, 3, 4], SamplingParams(max_tokens=40,
+                                                                                          ignore_eos=True))
+        tiny_engine.add_request(request)
+        tiny_engine.step()
+        tiny_engine.step()
+        assert tiny_engine.has_unfinished_requests()
+        assert sample(registry, "vigil_time_to_first_token_seconds_count") == 1
+        assert sample(registry, "vigil_request_duration_seconds_count") in (None, 0.0)
+        while tiny_engine.has_unfinished_requests():
+            tiny_engine.step()
+        assert sample(registry, "vigil_time_to_first_token_seconds_count") == 1
+        assert sample(registry, "vigil_request_duration_seconds_count") == 1
+    finally:
+        tiny_engine.stats_listeners.remove(logger.record)

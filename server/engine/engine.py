@@ -56,6 +56,7 @@ class LLMEngine:
         self.stats_listeners: list[StatsListener] = []
         self._pending_events: list[RequestEvent] = []
         self._pending_finished: list[FinishedRequestStats] = []
+        self._pending_first_tokens: dict[str, float] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -182,6 +183,7 @@ class LLMEngine:
                 listener(stats)
         self._pending_events.clear()
         self._pending_finished.clear()
+        self._pending_first_tokens.clear()
         return outputs
 
     def _record_logprobs(self, scheduled: SchedulerOutput, ran: ModelRunnerOutput) -> None:
@@ -200,6 +202,8 @@ class LLMEngine:
             if times.first_token is None:
                 times.first_token = now
                 self._pending_events.append(RequestEvent(request.request_id, "first_token", now))
+                if not request.internal:
+                    self._pending_first_tokens[request.request_id] = now - times.arrival
             else:
                 inter_token_latencies.append(now - times.last_token)
             times.last_token = now
@@ -279,6 +283,7 @@ class LLMEngine:
             accepted_lengths=accepted_lengths,
             model_flops=self.model_flops.of_step(scheduled),
             inter_token_latencies_s=inter_token_latencies,
+            time_to_first_token_s=dict(self._pending_first_tokens),
             rank_step_durations_s=self.runner.model.rank_step_durations_s,
             events=events,
             finished=list(self._pending_finished),

@@ -106,6 +106,8 @@ class StepStats:
     num_draft_tokens: int = 0  # speculative guesses checked this step
     accepted_lengths: list[int] = field(default_factory=list)  # guesses kept, per request that had some
     inter_token_latencies_s: list[float] = field(default_factory=list)
+    # Clients' requests whose first token came this step: request id to arrival-to-first-token seconds.
+    time_to_first_token_s: dict[str, float] = field(default_factory=dict)
     # Per tensor-parallel rank (rank 0 first), the wall time of its forward pass; empty on one process.
     rank_step_durations_s: tuple[float, ...] = ()
     events: list[RequestEvent] = field(default_factory=list)

@@ -11,9 +11,11 @@ from telemetry.quality import output_anomalies, repetition_ratio
 from telemetry.stat_loggers.base import StatLogger
 from telemetry.throughput import WindowedRate
 
+# TTFT is not here: it is observed when the first token comes (so a slow first token pages while its request is
+# still streaming), or at the end of a request given up on before one.
 LATENCY_HISTOGRAMS = (
-    ("request_duration", "duration_s"), ("time_to_first_token", "ttft_s"), ("queue_time", "queue_s"),
-    ("prefill_time", "prefill_s"), ("decode_time", "decode_s"),
+    ("request_duration", "duration_s"), ("queue_time", "queue_s"), ("prefill_time", "prefill_s"),
+    ("decode_time", "decode_s"),
 )
 
 
@@ -51,6 +53,7 @@ class PrometheusStatLogger(StatLogger):
         self._prompt_tokens = metrics.prompt_tokens.labels(model)
         self._generation_tokens = metrics.generation_tokens.labels(model)
         self._inter_token_latency = metrics.inter_token_latency.labels(model)
+        self._ttft = metrics.time_to_first_token.labels(model)
         self._model_flops = metrics.model_flops.labels(model)
         self._draft_tokens = metrics.spec_decode_draft_tokens.labels(model)
         self._accepted_tokens = metrics.spec_decode_accepted_tokens.labels(model)
@@ -87,6 +90,8 @@ class PrometheusStatLogger(StatLogger):
                 self._accepted_length.observe(length)
         for value in stats.inter_token_latencies_s:
             self._inter_token_latency.observe(value)
+        for request_id, seconds in stats.time_to_first_token_s.items():
+            self._ttft.observe(seconds, exemplar=self._exemplar(request_id))
         for finished in stats.finished:
             self._record_finished(finished)
         with self._lock:
@@ -114,15 +119,18 @@ class PrometheusStatLogger(StatLogger):
             utilization = flops / busy_seconds / self.matmul_peak_flops if busy_seconds else 0.0
             self.metrics.flops_utilization.labels(model).set(utilization)
 
+    def _exemplar(self, request_id: str) -> dict[str, str] | None:
+        trace_id = self.trace_id_of(request_id) if self.trace_id_of is not None else None
+        return {"trace_id": trace_id} if trace_id else None
+
     def _record_finished(self, stats: FinishedRequestStats) -> None:
         m, model = self.metrics, self.model
-        trace_id = self.trace_id_of(stats.request_id) if self.trace_id_of is not None else None
-        exemplar = {"trace_id": trace_id} if trace_id else None
+        exemplar = self._exemplar(stats.request_id)
         timings = stats.timings()
         if timings["ttft_s"] is None and stats.finish_reason == "abort":
             # Given up on (by its client, a timeout, a shutdown) before its first token: it waited at least this
             # long for one, and the TTFT SLO must count it at least that slow rather than not at all.
-            timings["ttft_s"] = timings["duration_s"]
+            self._ttft.observe(timings["duration_s"], exemplar=exemplar)
         for name, key in LATENCY_HISTOGRAMS:
             if timings[key] is not None:
                 getattr(m, name).labels(model).observe(timings[key], exemplar=exemplar)
