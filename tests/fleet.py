@@ -60,7 +60,7 @@ def haproxy_config(text: str, servers: dict[str, tuple[int, int]], listeners: Li
             continue
         in_resolvers = False
         line = re.sub(r"\bbind :(\d+)$", lambda match: f"bind 127.0.0.1:{binds[int(match.group(1))]}", line)
-        line = re.sub(r"ipv4@0\.0\.0\.0:\d+", f"ipv4@127.0.0.1:{listeners.api}", line)
+        line = re.sub(r"ipv4@127\.0\.0\.1:\d+", f"ipv4@127.0.0.1:{listeners.api}", line)
         line = line.replace(MAP_IN_CONTAINER, str(map_path)).replace(" resolvers docker", "")
         server = re.fullmatch(r"(\s+server (\S+)) \S+", line)
         if server:

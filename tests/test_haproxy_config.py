@@ -2,14 +2,25 @@
 the end-to-end test's rewrite of it shown to change addresses only."""
 
 import re
+import shlex
 import subprocess
+import sys
 
 import pytest
 import yaml
 
 from deploy.haproxy.rollout import BACKENDS, GREEN_PERCENT_KEY, ROUTING_MAP
+from deploy.haproxy.runtime_api import RuntimeAPI
 from server.config import ServerConfig
-from tests.fleet import HAPROXY_CONFIG, HAPROXY_DIR, MAP_IN_CONTAINER, Listeners, haproxy_binary, haproxy_config
+from tests.fleet import (
+    HAPROXY_CONFIG,
+    HAPROXY_DIR,
+    MAP_IN_CONTAINER,
+    HAProxy,
+    Listeners,
+    haproxy_binary,
+    haproxy_config,
+)
 from tests.ops_stack import ROOT
 
 CONFIG = HAPROXY_CONFIG.read_text()
@@ -98,7 +109,7 @@ def test_the_test_rewrite_changes_addresses_only(tmp_path):
         for line in lines:
             line = line.replace(" resolvers docker", "").replace(MAP_IN_CONTAINER, str(tmp_path / ROUTING_MAP))
             line = {"bind :8000": "bind 127.0.0.1:1001", "bind :8405": "bind 127.0.0.1:1002"}.get(line, line)
-            line = line.replace("ipv4@0.0.0.0:9999", "ipv4@127.0.0.1:1003")
+            line = line.replace("ipv4@127.0.0.1:9999", "ipv4@127.0.0.1:1003")
             server = re.fullmatch(r"server (\S+) \S+", line)
             if server and server.group(1) not in ("vigil-1", "vigil-green-1"):
                 continue
@@ -115,3 +126,35 @@ def test_the_rollout_script_runs_from_the_repository(command):
                             text=True, timeout=30)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+def test_the_admin_runtime_api_listens_on_loopback_only():
+    """Admin level and unauthenticated: on 0.0.0.0 any container on compose's network could drain the fleet."""
+    sockets = [line.split() for line in sections(CONFIG)["global"] if line.startswith("stats socket")]
+    assert sockets and all(words[2].startswith(("ipv4@127.0.0.1:", "/")) for words in sockets), sockets
+
+
+# What busybox's nc does in compose's HAProxy container: standard input to the API, its answer to standard output.
+NC = """import socket, sys
+with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10) as connection:
+    connection.sendall(sys.stdin.buffer.read())
+    while chunk := connection.recv(65536):
+        sys.stdout.buffer.write(chunk)
+"""
+
+
+def test_rollout_reaches_the_runtime_api_through_a_command_as_through_docker_compose_exec(tmp_path):
+    haproxy = HAProxy(tmp_path, [])
+    try:
+        carrier = shlex.join([sys.executable, "-c", NC, "127.0.0.1", str(haproxy.listeners.api)])
+        api = RuntimeAPI(f"exec:{carrier}")
+        assert api.map_path(ROUTING_MAP) == str(tmp_path / ROUTING_MAP)
+        assert "Name: HAProxy" in api.ask("show info")
+        status = subprocess.run([sys.executable, "-m", "deploy.haproxy.rollout", "--api", f"exec:{carrier}",
+                                 "status"], cwd=ROOT, capture_output=True, text=True, timeout=30)  # fmt: skip
+        broken = subprocess.run([sys.executable, "-m", "deploy.haproxy.rollout", "--api", "exec:false", "status"],
+                                cwd=ROOT, capture_output=True, text=True, timeout=30)  # fmt: skip
+    finally:
+        haproxy.stop()
+    assert status.returncode == 0, status.stderr
+    assert broken.returncode == 1 and "false exited 1" in broken.stderr, broken.stderr

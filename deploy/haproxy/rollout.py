@@ -23,6 +23,8 @@ from deploy.haproxy.runtime_api import RuntimeAPI, RuntimeAPIError
 
 # Names shared with haproxy.cfg (tests/test_haproxy_config.py keeps them in step).
 BACKENDS = ("blue", "green")
+# compose's HAProxy serves its runtime API on its own loopback only; busybox's nc in its image carries a command.
+COMPOSE_RUNTIME_API = "exec:docker compose exec -T haproxy nc 127.0.0.1 9999"
 ROUTING_MAP = "routing.map"
 GREEN_PERCENT_KEY = "green_percent"
 POLL_INTERVAL_S = 0.5
@@ -117,7 +119,9 @@ def shell_replace(template: str) -> Callable[[str], None]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.haproxy.rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--api", default="127.0.0.1:9999", help="HAProxy's runtime API: host:port or a socket path")
+    parser.add_argument("--api", default=COMPOSE_RUNTIME_API,
+                        help="HAProxy's runtime API: host:port, a socket path, or exec: and a command that carries "
+                             "stdin to it (default: compose's, on the haproxy container's loopback)")
     parser.add_argument("--drain-timeout", type=float, default=600.0,
                         help="seconds to wait for requests in flight (above the longest generation you allow)")
     commands = parser.add_subparsers(dest="command", required=True)

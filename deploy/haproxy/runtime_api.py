@@ -2,7 +2,9 @@
 
 import csv
 import io
+import shlex
 import socket
+import subprocess
 from dataclasses import dataclass
 
 
@@ -27,7 +29,9 @@ class ServerState:
 
 
 class RuntimeAPI:
-    """``address`` is ``host:port`` for a TCP socket, or the path of a Unix one."""
+    """``address`` is ``host:port`` for a TCP socket, the path of a Unix one, or ``exec:`` and a command that
+    carries its standard input to the API and the answer back (compose's API listens on the container's loopback
+    only: ``exec:docker compose exec -T haproxy nc 127.0.0.1 9999``)."""
 
     def __init__(self, address: str, timeout: float = 10.0) -> None:
         self.address = address
@@ -44,12 +48,23 @@ class RuntimeAPI:
 
     def ask(self, command: str) -> str:
         """HAProxy's whole answer to ``command``."""
+        if self.address.startswith("exec:"):
+            return self._ask_through(shlex.split(self.address.removeprefix("exec:")), command)
         with self._connect() as sock:
             sock.sendall(command.encode() + b"\n")
             chunks = []
             while chunk := sock.recv(65536):
                 chunks.append(chunk)
         return b"".join(chunks).decode()
+
+    def _ask_through(self, carrier: list[str], command: str) -> str:
+        try:
+            done = subprocess.run(carrier, input=command + "\n", capture_output=True, text=True, timeout=self.timeout)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise RuntimeAPIError(f"{shlex.join(carrier)}: {error}") from error
+        if done.returncode != 0:
+            raise RuntimeAPIError(f"{shlex.join(carrier)} exited {done.returncode}: {done.stderr.strip()}")
+        return done.stdout
 
     def do(self, command: str) -> None:
         """Run a command that answers nothing when it succeeds."""
