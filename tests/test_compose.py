@@ -218,7 +218,7 @@ def test_alertmanager_renders_its_config_from_the_environment_and_secret_files(s
 def test_receiver_secrets_are_off_until_a_file_is_named(services, tmp_path: Path):
     default = json.loads(compose("config", "--format", "json").stdout)["secrets"]
     files = {name: secret["file"] for name, secret in default.items()}
-    assert files == dict.fromkeys(ALERTMANAGER_SECRETS, "/dev/null")
+    assert files == dict.fromkeys(ALERTMANAGER_SECRETS | {"grafana_admin_password"}, "/dev/null")
     key = tmp_path / "pagerduty_routing_key"
     key.write_text("R0UT1NG\n")
     named = compose("config", "--format", "json", env={"ALERT_PAGERDUTY_ROUTING_KEY_FILE": str(key)})
@@ -318,3 +318,32 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies():
         copied |= set(sources.split())
     assert copied == allowed
     assert all((ROOT / path).exists() for path in copied)
+
+
+def grafana_start(data: Path, secret: Path) -> tuple[str, str]:
+    """deploy/grafana/start.sh as the grafana container runs it; returns the password file Grafana is given and
+    what that file holds."""
+    env = {"PATH": os.environ["PATH"], "GF_PATHS_DATA": str(data), "GRAFANA_ADMIN_PASSWORD_SECRET": str(secret),
+           "GF_SECURITY_ADMIN_PASSWORD": "admin"}
+    done = subprocess.run(["sh", str(ROOT / "deploy/grafana/start.sh"), "sh", "-c",
+                           'test -z "${GF_SECURITY_ADMIN_PASSWORD+set}" && echo "$GF_SECURITY_ADMIN_PASSWORD__FILE"'],
+                          env=env, capture_output=True, text=True, timeout=10, check=True)  # fmt: skip
+    path = done.stdout.strip().splitlines()[-1]
+    return path, Path(path).read_text()
+
+
+def test_grafana_never_starts_with_the_default_admin_password(services, tmp_path):
+    grafana = services["grafana"]
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in grafana["environment"]
+    assert grafana["entrypoint"] == ["/bin/sh", "/etc/vigil/grafana-start.sh"] and grafana["command"] == ["/run.sh"]
+    assert mounts(grafana)["/etc/vigil/grafana-start.sh"] == "deploy/grafana/start.sh"
+    assert [secret["source"] for secret in grafana["secrets"]] == ["grafana_admin_password"]
+    data, secret = tmp_path / "data", tmp_path / "secret"
+    data.mkdir()
+    secret.write_text("")
+    made, password = grafana_start(data, secret)
+    assert made == str(data / "admin-password") and len(password) >= 24 and password != "admin"
+    assert os.stat(made).st_mode & 0o077 == 0
+    assert grafana_start(data, secret) == (made, password), "a restart keeps the password Grafana was created with"
+    secret.write_text("from-the-secret")
+    assert grafana_start(data, secret) == (str(secret), "from-the-secret")
