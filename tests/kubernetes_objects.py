@@ -12,7 +12,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES = ROOT / "deploy/kubernetes"
 OVERLAYS = ("cpu", "gpu")
-COMPONENTS = ("hpa", "canary")
+COMPONENTS = ("hpa", "canary", "alerting")
 
 
 def kubectl() -> str:
@@ -22,11 +22,18 @@ def kubectl() -> str:
     return found
 
 
+class _Loader(yaml.SafeLoader):
+    """kustomize writes AlertmanagerConfig's matchType ``=`` bare, which YAML 1.1 reads as the "value" tag."""
+
+
+_Loader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+
+
 def kustomize(directory: Path) -> list[dict]:
     result = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise RuntimeError(f"kubectl kustomize {directory} failed:\n{result.stderr}")
-    return [document for document in yaml.safe_load_all(result.stdout) if document]
+    return [document for document in yaml.load_all(result.stdout, Loader=_Loader) if document]
 
 
 def variants() -> list[tuple[str, tuple[str, ...]]]:
@@ -35,15 +42,17 @@ def variants() -> list[tuple[str, tuple[str, ...]]]:
             for size in range(len(COMPONENTS) + 1) for chosen in combinations(COMPONENTS, size)]  # fmt: skip
 
 
-def build(overlay: str, components: tuple[str, ...], workdir: Path) -> list[dict]:
+def build(overlay: str, components: tuple[str, ...], workdir: Path, namespace: str = "vigil") -> list[dict]:
     """An overlay, with ``components`` added to it the way its comments show: its own kustomization with a
-    `components:` list, written beside ``workdir`` (kustomize takes relative paths only)."""
+    `components:` list, written beside ``workdir`` (kustomize takes relative paths only); and with its
+    `namespace:` changed to ``namespace``, as an operator would."""
     source = KUBERNETES / "overlays" / overlay
-    if not components:
+    if not components and namespace == "vigil":
         return kustomize(source)
-    directory = workdir / f"{overlay}-{'-'.join(components)}"
+    directory = workdir / f"{overlay}-{'-'.join(components)}-{namespace}"
     directory.mkdir(parents=True, exist_ok=True)
     kustomization = yaml.safe_load((source / "kustomization.yaml").read_text())
+    kustomization["namespace"] = namespace
     moved = [os.path.relpath((source / path).resolve(), directory) for path in kustomization["resources"]]
     kustomization["resources"] = moved
     kustomization["components"] = [os.path.relpath(KUBERNETES / "components" / name, directory) for name in components]

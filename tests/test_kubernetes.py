@@ -32,6 +32,7 @@ CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-gateway.networking.k8s.io-v1.json",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference.networking.k8s.io-v1.json",
+    ("monitoring.coreos.com/v1alpha1", "AlertmanagerConfig"): "alertmanagerconfig-monitoring.coreos.com-v1alpha1.json",
 }
 VARIANTS = variants()
 
@@ -71,6 +72,10 @@ def strict(schema: object) -> object:
     if not isinstance(schema, dict):
         return schema
     found = {key: strict(value) for key, value in schema.items()}
+    pattern = found.get("pattern")
+    if isinstance(pattern, str) and "(?i)" in pattern[1:]:
+        # Go's regexp takes a flag group anywhere (AlertmanagerConfig's weekdays); Python's only at the start.
+        found["pattern"] = "(?i)" + pattern.replace("(?i)", "")
     if "properties" in found and "additionalProperties" not in found and \
             not found.get("x-kubernetes-preserve-unknown-fields"):  # fmt: skip
         found["additionalProperties"] = False
@@ -127,8 +132,12 @@ def test_the_prometheusrule_holds_the_compose_rules_less_their_own_and_the_kuber
     shipped = [item for group in rule["spec"]["groups"] for item in group["rules"]]
     alerts = {item.get("alert") for item in compose}
     assert alerts >= COMPOSE_ONLY, "a name that no longer exists"
-    # The same rule, word for word, wherever the meaning is the same.
-    assert shipped == [item for item in compose if item.get("alert") not in COMPOSE_ONLY] + kubernetes
+    # The same rule, word for word, wherever the meaning is the same; every alert labelled with its namespace,
+    # which the AlertmanagerConfig's routes match on.
+    assert all(item["labels"]["namespace"] == "vigil" for item in shipped if "alert" in item)
+    unlabelled = [{**item, "labels": {k: v for k, v in item["labels"].items() if k != "namespace"}}
+                  if "alert" in item else item for item in shipped]  # fmt: skip
+    assert unlabelled == [item for item in compose if item.get("alert") not in COMPOSE_ONLY] + kubernetes
     # Nothing that pages on Kubernetes keys a replica's health on its instance, a pod IP that changes.
     assert not any("max_over_time(up{" in item["expr"] for item in shipped)
 
@@ -312,6 +321,73 @@ def test_keda_scales_on_waiting_requests_per_replica_and_gpu_utilisation(built):
     waiting, gpu = triggers["waiting-requests-per-replica"], triggers["gpu-utilisation"]
     assert waiting["metricType"] == "AverageValue" and "vigil_num_requests_waiting{" in waiting["metadata"]["query"]
     assert gpu["metricType"] == "Value" and "vigil_gpu_utilization_ratio{" in gpu["metadata"]["query"]
+    # A query that finds nothing is a failure that reaches the fallback, never a silent zero.
+    for trigger in triggers.values():
+        assert trigger["metadata"]["ignoreNullValues"] == "false"
+        assert "vector(0)" not in trigger["metadata"]["query"]
+    cpu = find(built[("cpu", ())], "ScaledObject", "vigil")["spec"]["triggers"]
+    assert [trigger["name"] for trigger in cpu] == ["waiting-requests-per-replica"], "a CPU replica has no GPU"
+
+
+def test_the_overlays_namespace_reaches_every_query_and_alert(tmp_path):
+    """kustomize's namespace setting rewrites metadata only; the overlays' replacements carry it into the KEDA
+    queries, the kube-state-metrics queries and the alerts' namespace label the AlertmanagerConfig matches on."""
+    for overlay in ("cpu", "gpu"):
+        objects = build(overlay, ("alerting",), tmp_path, namespace="team-a")
+        assert {obj["metadata"].get("namespace") for obj in objects if obj["kind"] != "Namespace"} == {"team-a"}
+        for trigger in find(objects, "ScaledObject", "vigil")["spec"]["triggers"]:
+            assert 'namespace="team-a"' in trigger["metadata"]["query"], trigger
+        rules = [item for group in find(objects, "PrometheusRule", "vigil")["spec"]["groups"]
+                 for item in group["rules"]]  # fmt: skip
+        assert all(item["labels"]["namespace"] == "team-a" for item in rules if "alert" in item)
+        text = yaml.safe_dump(objects)
+        assert 'namespace="vigil"' not in text and "namespace: vigil\n" not in text
+
+
+def routes(route: dict) -> list[tuple]:
+    """A CRD route tree as compose's alertmanager.yml writes it: (receiver, matchers, timings) depth first."""
+    matchers = [f'{m["name"]}{m["matchType"]}"{m["value"]}"' for m in route.get("matchers", [])]
+    timings = tuple(route.get(key) for key in ("groupWait", "groupInterval", "repeatInterval"))
+    found = [(route["receiver"], matchers, timings, route.get("activeTimeIntervals", []))]
+    return found + [entry for child in route.get("routes", []) for entry in routes(child)]
+
+
+def compose_routes(route: dict) -> list[tuple]:
+    timings = tuple(route.get(key) for key in ("group_wait", "group_interval", "repeat_interval"))
+    found = [(route["receiver"], route.get("matchers", []), timings, route.get("active_time_intervals", []))]
+    return found + [entry for child in route.get("routes", []) for entry in compose_routes(child)]
+
+
+def test_the_alertmanagerconfig_routes_inhibits_and_beats_as_compose_does(built):
+    objects = built[("cpu", ("alerting",))]
+    config = find(objects, "AlertmanagerConfig", "vigil")["spec"]
+    compose = yaml.safe_load((ROOT / "alerts/alertmanager.yml").read_text())
+    assert routes(config["route"]) == compose_routes(compose["route"])
+    assert config["route"]["groupBy"] == compose["route"]["group_by"]
+    assert {receiver["name"] for receiver in config["receivers"]} == {r["name"] for r in compose["receivers"]}
+    assert len(config["inhibitRules"]) == len(compose["inhibit_rules"])
+    [hours] = config["muteTimeIntervals"]
+    assert hours["timeIntervals"] == [{"weekdays": ["monday:friday"], "times": [
+        {"startTime": "09:00", "endTime": "18:00"}]}]
+    # Every alert an inhibition or route names is one this cluster's rules raise; the heartbeat is among them.
+    alerts = {item["alert"]: item for group in find(objects, "PrometheusRule", "vigil")["spec"]["groups"]
+              for item in group["rules"] if "alert" in item}  # fmt: skip
+    named = [m["value"] for rule in config["inhibitRules"] for m in rule["sourceMatch"] + rule["targetMatch"]
+             if m["name"] == "alertname"]  # fmt: skip
+    named += [m["value"] for route in config["route"]["routes"] for m in route.get("matchers", [])
+              if m["name"] == "alertname"]  # fmt: skip
+    assert "VigilWatchdog" in named
+    for value in named:
+        assert set(value.split("|")) <= set(alerts), value
+    severities = {item["labels"]["severity"] for item in alerts.values()} - {"none"}
+    routed = {m["value"] for route in config["route"]["routes"] for m in route.get("matchers", [])
+              if m["name"] == "severity"}  # fmt: skip
+    assert severities == routed
+    # Secrets stay in a Secret: every receiver reads its key from vigil-alerting.
+    for receiver in config["receivers"]:
+        [[settings]] = [value for key, value in receiver.items() if key != "name"]
+        secrets = [value for value in settings.values() if isinstance(value, dict)]
+        assert secrets and all(secret["name"] == "vigil-alerting" for secret in secrets), receiver
 
 
 def test_the_endpoint_picker_reads_vigils_own_metrics(built):

@@ -9,8 +9,15 @@ import sys
 import yaml
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads a bare ``=`` (an enum value of AlertmanagerConfig's matchType) as the "value" tag."""
+
+
+_Loader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+
+
 def main(version: str) -> int:
-    crd = yaml.safe_load(sys.stdin)
+    crd = yaml.load(sys.stdin, Loader=_Loader)
     [served] = [entry for entry in crd["spec"]["versions"] if entry["name"] == version]
     json.dump(served["schema"]["openAPIV3Schema"], sys.stdout, sort_keys=True, separators=(",", ":"))
     return 0

@@ -3,11 +3,15 @@
     base/monitoring/prometheusrule.yaml   the groups of alerts/rules/*.yml, less the compose stack's own alerts
                                           (COMPOSE_ONLY), and rules/kubernetes.yml, as one PrometheusRule
     base/monitoring/dashboards.yaml       every dashboards/*.json, as ConfigMaps for Grafana's dashboard sidecar
+    components/alerting/alertmanagerconfig.yaml
+                                          alerts/alertmanager.yml's routes, timings and inhibitions as an
+                                          AlertmanagerConfig, with receivers whose secrets a Secret holds
 
     python deploy/kubernetes/build.py           rewrite them
     python deploy/kubernetes/build.py --check   exit 1 if a committed file differs from what this would write
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -32,9 +36,29 @@ COMPOSE_ONLY = {
     "VigilAlertmanagerFailedToSendNotifications",
     "VigilMonitoringConfigReloadFailed",
     "VigilPrometheusMissedRuleEvaluations",
-    "VigilWatchdog",
 }
+# Every alert carries its namespace: the operator matches an AlertmanagerConfig's routes and inhibitions on the
+# AlertmanagerConfig's own namespace, and most of Vigil's alerts aggregate the label away. The overlays'
+# replacements set the namespace they deploy to (here, in the kube-state-metrics queries and the KEDA queries).
+NAMESPACE = "vigil"
 FOLDER_ANNOTATION = {"grafana_folder": "Vigil"}
+ALERTING = HERE / "components/alerting"
+# Where compose's inhibitions name an alert left out here, the alerts that say the same on Kubernetes, matched on
+# the namespace instead of the job.
+KUBERNETES_COUNTERPARTS = {
+    "VigilReplicaMissing": "VigilNoReplicaAvailable|VigilReplicasUnavailable|VigilPodNotReady|VigilPodCrashLooping",
+}
+# The receivers compose renders from its secret files, on Kubernetes from the keys of one Secret in Vigil's
+# namespace (docs/kubernetes.md): a pager, chat, and the heartbeat's dead man's switch.
+ALERTING_SECRET = "vigil-alerting"
+KUBERNETES_RECEIVERS = [
+    {"name": "critical", "pagerdutyConfigs": [
+        {"routingKey": {"name": ALERTING_SECRET, "key": "pagerduty-routing-key"}, "sendResolved": True}]},
+    {"name": "warning", "slackConfigs": [
+        {"apiURL": {"name": ALERTING_SECRET, "key": "slack-webhook-url"}, "sendResolved": True}]},
+    {"name": "heartbeat", "webhookConfigs": [
+        {"urlSecret": {"name": ALERTING_SECRET, "key": "heartbeat-url"}, "sendResolved": False}]},
+]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -55,15 +79,23 @@ def dump(documents: list[dict], source: str) -> str:
     return header + yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1000)
 
 
+def with_namespace(rule: dict) -> dict:
+    if "alert" not in rule:
+        return rule
+    return {**rule, "labels": {**rule.get("labels", {}), "namespace": NAMESPACE}}
+
+
 def kubernetes_groups() -> list[dict]:
-    """alerts/rules/*.yml's groups less COMPOSE_ONLY (a group left empty goes), then rules/kubernetes.yml's."""
+    """alerts/rules/*.yml's groups less COMPOSE_ONLY (a group left empty goes), then rules/kubernetes.yml's; every
+    alert labelled with its namespace."""
     groups = []
     for path in sorted((ROOT / "alerts/rules").glob("*.yml")):
         for group in yaml.safe_load(path.read_text())["groups"]:
             rules = [rule for rule in group["rules"] if rule.get("alert") not in COMPOSE_ONLY]
             if rules:
                 groups.append({**group, "rules": rules})
-    return groups + yaml.safe_load((HERE / "rules/kubernetes.yml").read_text())["groups"]
+    groups += yaml.safe_load((HERE / "rules/kubernetes.yml").read_text())["groups"]
+    return [{**group, "rules": [with_namespace(rule) for rule in group["rules"]]} for group in groups]
 
 
 def prometheus_rule() -> str:
@@ -91,8 +123,62 @@ def dashboards() -> str:
     return dump(config_maps, "dashboards/*.json")
 
 
+def matcher(text: str) -> dict[str, str]:
+    """'severity="critical"' as the CRD's matcher."""
+    name, match_type, value = re.fullmatch(r'(\w+)(=~|!~|!=|=)"(.*)"', text).groups()
+    return {"name": name, "value": value, "matchType": match_type}
+
+
+def crd_route(route: dict) -> dict:
+    keys = {"receiver": "receiver", "group_by": "groupBy", "group_wait": "groupWait",
+            "group_interval": "groupInterval", "repeat_interval": "repeatInterval",
+            "active_time_intervals": "activeTimeIntervals"}  # fmt: skip
+    found = {crd_key: route[key] for key, crd_key in keys.items() if key in route}
+    if "matchers" in route:
+        found["matchers"] = [matcher(text) for text in route["matchers"]]
+    if "routes" in route:
+        found["routes"] = [crd_route(child) for child in route["routes"]]
+    return found
+
+
+def crd_inhibition(rule: dict) -> dict:
+    source, target, equal = rule["source_matchers"], rule["target_matchers"], rule.get("equal", [])
+    for alert, counterparts in KUBERNETES_COUNTERPARTS.items():
+        if f'alertname="{alert}"' in target:
+            target = [f'alertname=~"{counterparts}"' if text == f'alertname="{alert}"' else text for text in target]
+            equal = ["namespace"]
+    found = {"sourceMatch": [matcher(text) for text in source], "targetMatch": [matcher(text) for text in target]}
+    return {**found, "equal": equal} if equal else found
+
+
+def crd_time_interval(interval: dict) -> dict:
+    """The CRD has no location: its times are UTC, as compose's are unless ALERT_TIMEZONE says otherwise."""
+    found = {"name": interval["name"], "timeIntervals": []}
+    for period in interval["time_intervals"]:
+        times = [{"startTime": t["start_time"], "endTime": t["end_time"]} for t in period.get("times", [])]
+        found["timeIntervals"].append({"weekdays": period["weekdays"], "times": times})
+    return found
+
+
+def alertmanager_config() -> str:
+    compose = yaml.safe_load((ROOT / "alerts/alertmanager.yml").read_text())
+    config = {
+        "apiVersion": "monitoring.coreos.com/v1alpha1",
+        "kind": "AlertmanagerConfig",
+        "metadata": {"name": "vigil", "labels": RELEASE_LABEL},
+        "spec": {
+            "route": crd_route(compose["route"]),
+            "inhibitRules": [crd_inhibition(rule) for rule in compose["inhibit_rules"]],
+            "muteTimeIntervals": [crd_time_interval(interval) for interval in compose["time_intervals"]],
+            "receivers": KUBERNETES_RECEIVERS,
+        },
+    }
+    return dump([config], "alerts/alertmanager.yml (alerts/render-alertmanager.sh)")
+
+
 def render() -> dict[Path, str]:
-    return {MONITORING / "prometheusrule.yaml": prometheus_rule(), MONITORING / "dashboards.yaml": dashboards()}
+    return {MONITORING / "prometheusrule.yaml": prometheus_rule(), MONITORING / "dashboards.yaml": dashboards(),
+            ALERTING / "alertmanagerconfig.yaml": alertmanager_config()}
 
 
 def main(argv: list[str]) -> int:
