@@ -143,6 +143,8 @@ class StreamOutcomes:
 
 HEADER = ("scenario | requests sent | answered | failed with a clean error | lost | alerts expected | "
           "alerts received | time to alert")
+# Every row printed in this session, for the whole table at the end of the run (tests/chaos/conftest.py).
+ROWS: list[str] = []
 
 
 def print_row(scenario: str, loop: ClientLoop, streams: StreamOutcomes | None, expected: str,
@@ -153,5 +155,7 @@ def print_row(scenario: str, loop: ClientLoop, streams: StreamOutcomes | None, e
     answered = loop.codes[200] + stream_counts["answered"]
     lost = streams.hung if streams is not None else 0
     alerts = ", ".join(f"{name} for {instance}" for name, instance in received) or "none"
-    print(f"\n{HEADER}\n{scenario} | {sent} | {answered} | {sent - answered - lost} | {lost} | {expected} | "
-          f"{alerts} | {'-' if alert_after_s is None else f'{alert_after_s:.1f} s'}")
+    row = (f"{scenario} | {sent} | {answered} | {sent - answered - lost} | {lost} | {expected} | {alerts} | "
+           f"{'-' if alert_after_s is None else f'{alert_after_s:.1f} s'}")
+    ROWS.append(row)
+    print(f"\n{HEADER}\n{row}")

@@ -14,6 +14,9 @@ client sees at once; none is lost silently or left hanging. Each scenario prints
   preemption warnings reach the inbox, nothing pages, and the KV warning resolves once the load is gone.
 - Readers that stall (a long stream asked for and never read): everyone else is served as before, within a
   stated bound, and the stalled requests end and free their blocks.
+- A rolling restart under load (rollout.py's restart): every request and stream answered, nothing pages.
+
+The whole table prints at the end of the run (tests/chaos/conftest.py).
 """
 
 import json
@@ -25,6 +28,7 @@ import time
 import httpx
 import pytest
 
+from deploy.haproxy.rollout import restart
 from tests.chaos.stack import ChaosStack, StreamOutcomes, print_row
 from tests.fleet import ClientLoop
 from tests.ops_stack import wait_until
@@ -193,3 +197,24 @@ def stalled_reader(url: str) -> socket.socket:
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
     return sock
+
+
+def test_a_rolling_restart_under_load_fails_no_request_and_pages_nothing(tmp_path, tiny_folder):
+    """deploy/haproxy/rollout.py's restart, as an operator runs it: each replica drained, replaced and let back in
+    turn while clients send requests and streams. A planned restart is not an incident: nothing pages."""
+    with ChaosStack(tmp_path, tiny_folder, {}) as stack:
+        generations = {name: replica.generation for name, replica in stack.replicas.items()}
+        steps: list[str] = []
+        with StreamOutcomes(stack.haproxy.url) as streams, \
+                ClientLoop(stack.haproxy.url, clients=3, max_tokens=24, max_seconds=300) as loop:  # fmt: skip
+            wait_until(lambda: loop.sent >= SERVED_AFTER, 60, what="the loop is served before the rollout")
+            restart(stack.haproxy.api, "blue", lambda name: stack.replicas[name].replace(), 120.0, 120.0,
+                    steps.append)  # fmt: skip
+            sent = loop.sent
+            wait_until(lambda: loop.sent >= sent + SERVED_AFTER, 120, what="the loop is served after the rollout")
+        print_row("rolling restart under load", loop, streams, "none", stack.pages(), None)
+        assert loop.failures == [], loop.failures[:5]
+        assert streams.hung == 0 and streams.outcomes["failed with an error"] == 0, streams.outcomes
+        assert {name: replica.generation for name, replica in stack.replicas.items()} == {
+            name: generation + 1 for name, generation in generations.items()}
+        assert stack.pages() == []
