@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES = ROOT / "deploy/kubernetes"
 OVERLAYS = ("cpu", "gpu")
 COMPONENTS = ("hpa", "canary", "alerting")
+# Alternatives to each other and to the baked-in model: each is built alone, and after the canary.
+MODEL_COMPONENTS = ("model-volume", "model-init")
 
 
 def kubectl() -> str:
@@ -37,9 +39,11 @@ def kustomize(directory: Path) -> list[dict]:
 
 
 def variants() -> list[tuple[str, tuple[str, ...]]]:
-    """(overlay, components) for every overlay with every subset of the components."""
-    return [(overlay, chosen) for overlay in OVERLAYS
-            for size in range(len(COMPONENTS) + 1) for chosen in combinations(COMPONENTS, size)]  # fmt: skip
+    """(overlay, components) for every overlay with every subset of the components, and with the canary and each
+    way of delivering the model."""
+    every = [(overlay, chosen) for overlay in OVERLAYS
+             for size in range(len(COMPONENTS) + 1) for chosen in combinations(COMPONENTS, size)]  # fmt: skip
+    return every + [(overlay, ("canary", model)) for overlay in OVERLAYS for model in MODEL_COMPONENTS]
 
 
 def build(overlay: str, components: tuple[str, ...], workdir: Path, namespace: str = "vigil") -> list[dict]:

@@ -445,3 +445,31 @@ def test_the_service_monitor_scrapes_the_replicas_as_job_vigil_with_their_track(
     # No jobLabel: the job is the Service's name, which the alert rules select on.
     assert "jobLabel" not in monitor and service["metadata"]["name"] == "vigil"
     assert monitor["podTargetLabels"] == ["app.kubernetes.io/track"]
+
+
+@pytest.mark.parametrize("component", ["model-volume", "model-init"])
+def test_a_model_from_a_volume_or_a_model_image_reaches_every_server_read_only(built, component):
+    objects = built[("cpu", ("canary", component))]
+    deployments = servers(objects)
+    assert {d["metadata"]["name"] for d in deployments} == {"vigil", "vigil-canary"}
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        spec = container(deployment)
+        assert spec["args"][-2:] == ["--model", "/models"] and spec["args"].count("--model") == 1
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in spec["volumeMounts"]
+        [volume] = [volume for volume in pod["volumes"] if volume["name"] == "models"]
+        if component == "model-volume":
+            assert volume["persistentVolumeClaim"] == {"claimName": "vigil-models", "readOnly": True}
+            assert "initContainers" not in pod
+        else:
+            assert "emptyDir" in volume
+            [init] = pod["initContainers"]
+            assert init["image"] == "vigil-model"
+            assert {"name": "models", "mountPath": "/models"} in init["volumeMounts"]
+            assert init["securityContext"]["readOnlyRootFilesystem"] and init["resources"]["limits"]["memory"]
+    if component == "model-volume":
+        claim = find(objects, "PersistentVolumeClaim", "vigil-models")
+        assert claim["spec"]["accessModes"] == ["ReadOnlyMany"]
+    # Without either, the model is the image's own: no --model flag, no models volume.
+    baked = container(servers(built[("cpu", ())])[0])
+    assert "--model" not in baked["args"] and all(m["name"] != "models" for m in baked["volumeMounts"])
