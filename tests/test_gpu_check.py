@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh is not dead on arrival: its dry run on the CPU runs every step through the same Python entry
+"""gpu_check/gpu_check.sh is not dead on arrival: its dry run on the CPU runs every step through the same Python entry
 points, servers and benchmarks a GPU run uses, at small sizes, and every step passes (the NVML checks SKIP inside
 their step); and a step that fails says FAIL in the summary and fails the run."""
 
@@ -18,7 +18,7 @@ def run_check(tmp_path, **env: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "GPU_CHECK_DIR": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
                    **env}
     environment.pop("TRITON_INTERPRET", None)  # the script sets what each step needs
-    return subprocess.run(["bash", "bench/gpu_check.sh", "--device", "cpu"], cwd=ROOT, env=environment,
+    return subprocess.run(["bash", "gpu_check/gpu_check.sh", "--device", "cpu"], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=2400, check=False)
 
 

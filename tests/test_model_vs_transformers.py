@@ -135,7 +135,7 @@ def test_the_bf16_path_picks_transformers_choices(smollm_folder, hf_fp32):
     """In bf16 on the CPU (decoding rows go through the C++ few-rows kernel, prefills through oneDNN), every greedy
     token is fp32 transformers' top choice given the same prefix, or a near-tie within 0.5 logits that bf16's
     rounding may break the other way."""
-    from bench.engine_gpu import worst_margin
+    from gpu_check.engine_gpu import worst_margin
     from server import LLM
 
     llm = LLM(model=str(smollm_folder), dtype="bfloat16", kv_cache_memory=128 * 2**20)

@@ -1,8 +1,8 @@
 """``bench serve`` against Vigil and against transformers' own server, in the same run (step 4 of
-bench/gpu_check.sh).
+gpu_check/gpu_check.sh).
 
-    python -m bench.serve_gpu                 # CUDA, bf16: 256 prompts of 128 tokens, 128 out, 64 at a time
-    python -m bench.serve_gpu --device cpu    # dry run: fp32, 8 prompts of 16 tokens, 8 out, 4 at a time
+    python -m gpu_check.serve_gpu                 # CUDA, bf16: 256 prompts of 128 tokens, 128 out, 64 at a time
+    python -m gpu_check.serve_gpu --device cpu    # dry run: fp32, 8 prompts of 16 tokens, 8 out, 4 at a time
 
 Starts ``python -m server serve`` (A) and ``transformers serve --continuous-batching`` (B) on the bundled model,
 each with part of the GPU's memory, then ``python -m server bench serve --compare`` streams the same workload to
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.checks import Checks
+from gpu_check.checks import Checks
 from server.bench.local_server import LocalServer, free_port
 from server.models.loader import resolve_model_folder
 

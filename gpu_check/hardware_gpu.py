@@ -1,4 +1,4 @@
-"""Prints Vigil's NVML readings on a real GPU (a prepared device check): python bench/hardware_gpu.py.
+"""Prints Vigil's NVML readings on a real GPU (a prepared device check): python gpu_check/hardware_gpu.py.
 
 It samples the GPUs a few times while a matmul load runs, so that utilisation, power and temperature
 move, and prints each reading in the units that the vigil_gpu_* metrics export.

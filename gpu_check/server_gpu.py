@@ -1,7 +1,7 @@
-"""The server on the device, under load, exports live NVML series (step 3 of bench/gpu_check.sh).
+"""The server on the device, under load, exports live NVML series (step 3 of gpu_check/gpu_check.sh).
 
-    python -m bench.server_gpu                 # CUDA
-    python -m bench.server_gpu --device cpu    # dry run: the server and the scrapes on the CPU; NVML checks SKIP
+    python -m gpu_check.server_gpu                 # CUDA
+    python -m gpu_check.server_gpu --device cpu    # dry run: the server and the scrapes on the CPU; NVML checks SKIP
 
 Starts ``python -m server serve --device DEVICE`` on a free 127.0.0.1 port with a 1 s hardware interval, sends
 ``REQUESTS`` concurrent completions, and reads /metrics every second while they run. Checks: every request 200;
@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.checks import Checks
+from gpu_check.checks import Checks
 from server.bench.local_server import LocalServer
 
 REQUESTS = 32

@@ -1,8 +1,8 @@
 """Check the Triton paged-attention and quantised linear kernels against the torch reference on CUDA, then time
 decode attention and the quantised layers.
 
-    python -m bench.kernels_gpu            # on a CUDA GPU (sized for an H200: about 2-3 minutes)
-    python -m bench.kernels_gpu --smoke    # CPU dry run under the Triton interpreter, tiny shapes
+    python -m gpu_check.kernels_gpu            # on a CUDA GPU (sized for an H200: about 2-3 minutes)
+    python -m gpu_check.kernels_gpu --smoke    # CPU dry run under the Triton interpreter, tiny shapes
 
 Decode is timed in bf16 with Llama-3-8B's heads (32 query, 8 KV, head_dim 128), block size 16 and
 shuffled block tables. Its bandwidth (KV bytes read / time) is set next to a large device-to-device

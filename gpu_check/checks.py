@@ -1,4 +1,4 @@
-"""PASS, FAIL and SKIP lines for the prepared device checks (bench/gpu_check.sh reads them), and the exit status."""
+"""PASS, FAIL and SKIP lines for the prepared device checks (gpu_check/gpu_check.sh reads them), and the exit status."""
 
 import sys
 

@@ -1,8 +1,8 @@
 """Tensor parallelism on the device: greedy tokens over several ranks equal one process's (step 5 of
-bench/gpu_check.sh).
+gpu_check/gpu_check.sh).
 
-    python -m bench.tensor_parallel_gpu                 # CUDA: 2 GPUs (NCCL); skips with a reason on fewer
-    python -m bench.tensor_parallel_gpu --device cpu    # dry run: 2 ranks over gloo on the CPU
+    python -m gpu_check.tensor_parallel_gpu                 # CUDA: 2 GPUs (NCCL); skips with a reason on fewer
+    python -m gpu_check.tensor_parallel_gpu --device cpu    # dry run: 2 ranks over gloo on the CPU
 
 Every family's tiny random checkpoint (tests/tiny_families.py; they have 4 heads and 2 KV heads) in fp32 over 2
 ranks, a batch of prompts with chunked prefill, against the same engine in one process; with 3 GPUs or more,
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from bench.checks import Checks
+from gpu_check.checks import Checks
 from server import LLM, SamplingParams
 from server.models.loader import resolve_model_folder
 from tests.tiny_families import FAMILIES, write_hf_checkpoint

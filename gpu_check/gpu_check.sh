@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Vigil's GPU acceptance run: one command, sized for under 8 minutes on one H200 and bounded by 9 (bench/README.md).
+# Vigil's GPU acceptance run: one command, sized for under 8 minutes on one H200 and bounded by 9
+# (gpu_check/README.md).
 #
-#   bench/gpu_check.sh                 # on a CUDA machine, after `make setup`
-#   bench/gpu_check.sh --device cpu    # a dry run of every step on the CPU, small sizes (tests/test_gpu_check.py)
+#   gpu_check/gpu_check.sh                 # on a CUDA machine, after `make setup`
+#   gpu_check/gpu_check.sh --device cpu    # a dry run of every step on the CPU, small sizes (tests/test_gpu_check.py)
 #
 # Each step prints PASS, FAIL or SKIP with its time, and a summary table ends the run; each step's whole output is
 # in $GPU_CHECK_DIR (default bench-results/gpu-check-<time>). Exits 1 if any step failed.
@@ -79,15 +80,15 @@ fi
 
 echo "gpu_check on $DEVICE; logs in $OUT"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
-step kernels 300 '^target|FAIL|^device' "$PY" -m bench.kernels_gpu "${KERNELS[@]}"
-step engine 240 '^(PASS|FAIL) greedy' "$PY" -m bench.engine_gpu --device "$DEVICE"
+step kernels 300 '^target|FAIL|^device' "$PY" -m gpu_check.kernels_gpu "${KERNELS[@]}"
+step engine 240 '^(PASS|FAIL) greedy' "$PY" -m gpu_check.engine_gpu --device "$DEVICE"
 # The API tests start their own server with --device auto: the GPU on a CUDA machine.
 step api 300 'passed|failed|error' env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider "${API_TESTS[@]}"
-step metrics 180 '^(FAIL|SKIP|PASS) gpu|^SKIP' "$PY" -m bench.server_gpu --device "$DEVICE"
+step metrics 180 '^(FAIL|SKIP|PASS) gpu|^SKIP' "$PY" -m gpu_check.server_gpu --device "$DEVICE"
 step offline-64 240 '^vigil engine' "$PY" -m server bench offline --device "$DEVICE" "${OFFLINE[@]}" "${OFFLINE_64[@]}"
 step offline-256 300 '^vigil engine' "$PY" -m server bench offline --device "$DEVICE" "${OFFLINE[@]}" "${OFFLINE_256[@]}"
-step serve-64 300 '^(PASS|FAIL) Vigil' "$PY" -m bench.serve_gpu --device "$DEVICE" --out "$OUT"
-step tensor-parallel 240 '^(FAIL|SKIP)|^PASS' "$PY" -m bench.tensor_parallel_gpu --device "$DEVICE"
+step serve-64 300 '^(PASS|FAIL) Vigil' "$PY" -m gpu_check.serve_gpu --device "$DEVICE" --out "$OUT"
+step tensor-parallel 240 '^(FAIL|SKIP)|^PASS' "$PY" -m gpu_check.tensor_parallel_gpu --device "$DEVICE"
 
 echo
 echo "== summary ($DEVICE, ${SECONDS} s in all; logs in $OUT)"

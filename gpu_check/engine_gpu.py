@@ -1,7 +1,7 @@
-"""The engine on the device against transformers, and sampling's device paths (step 2 of bench/gpu_check.sh).
+"""The engine on the device against transformers, and sampling's device paths (step 2 of gpu_check/gpu_check.sh).
 
-    python -m bench.engine_gpu                 # CUDA: the bundled model in fp32 and in bf16
-    python -m bench.engine_gpu --device cpu    # the same checks on the CPU, in fp32 (a dry run)
+    python -m gpu_check.engine_gpu                 # CUDA: the bundled model in fp32 and in bf16
+    python -m gpu_check.engine_gpu --device cpu    # the same checks on the CPU, in fp32 (a dry run)
 
 Greedy: the engine's tokens, one prompt at a time and all prompts in one batch, must be transformers' greedy
 choices given the same prefix: transformers in fp32 on the same device scores the engine's output in one pass,
@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from bench.checks import Checks
+from gpu_check.checks import Checks
 from server import LLM, SamplingParams
 from server.config import SpeculativeConfig
 from server.models.loader import resolve_model_folder
