@@ -1,10 +1,11 @@
-"""The CPU fast path: compiled C++ kernels for paged decode and prefill attention (K/V read in place from their
-blocks), the KV store, a layer's elementwise ops, quantised linear layers and decoding's bf16 matrix products.
+"""Loads the compiled C++ CPU kernels: imports the module of the instruction-set variant (cpu_variants.py) this
+CPU runs best, or the one ``VIGIL_CPU_ISA`` names, and says which one serves.
 
-They are built at install (setup.py), once per instruction-set variant (cpu_variants.py); ``load`` imports the
-variant this CPU runs best, or the one ``VIGIL_CPU_ISA`` names. Nothing is compiled at run time. Where the
-variant was not built (no compiler at install) or the CPU is below x86-64-v3, ``load`` returns None, says so in
-one warning line, and the torch reference serves instead.
+The kernels themselves (paged decode and prefill attention reading K/V in place from their blocks, the KV store,
+a layer's elementwise ops, quantised linear layers and decoding's bf16 matrix products) are the C++ sources in
+csrc/, compiled by setup.py at install, one module per variant; nothing here compiles. Where the variant was not
+built (no compiler at install) or the CPU is below x86-64-v3, ``load`` returns None, says so in one warning line,
+and the torch reference serves instead.
 """
 
 import importlib
