@@ -46,8 +46,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def build_telemetry(args: argparse.Namespace, models: list[str]) -> "Telemetry | None":
     if args.disable_telemetry:
         return None
+    from telemetry.console import ConsoleConfig
     from telemetry.service import Telemetry, TelemetryConfig
 
+    console = None if args.disable_console else ConsoleConfig(args.console_requests,
+                                                               trace_url=args.console_trace_url)
     return Telemetry(TelemetryConfig(
         model=models[0],
         other_models=tuple(models[1:]),
@@ -56,6 +59,7 @@ def build_telemetry(args: argparse.Namespace, models: list[str]) -> "Telemetry |
         otlp_protocol=args.otlp_protocol,
         log_requests=args.log_requests,
         latency_buckets=args.latency_buckets,
+        console=console,
     ))
 
 

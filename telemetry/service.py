@@ -8,6 +8,7 @@ from prometheus_client.exposition import choose_encoder
 
 from server.engine.engine import LLMEngine
 from server.engine.stats import StepStats
+from telemetry.console import Console, ConsoleConfig
 from telemetry.hardware import HardwareSampler
 from telemetry.metrics import ENGINE_PHASES, LATENCY_BUCKETS, VigilMetrics
 from telemetry.stat_loggers.base import StatLogger
@@ -26,6 +27,7 @@ class TelemetryConfig:
     otlp_protocol: str = "grpc"
     log_requests: bool = False
     latency_buckets: Sequence[float] = LATENCY_BUCKETS
+    console: ConsoleConfig | None = ConsoleConfig()  # None: no live console (--disable-console)
 
 
 class Telemetry:
@@ -47,6 +49,8 @@ class Telemetry:
         self.tracer = RequestTracer(self.provider) if self.provider is not None else None
         self.stat_loggers: list[StatLogger] = []
         self.sampler = HardwareSampler(self.metrics, config.hardware_interval_s)
+        self.console = None if config.console is None else Console(
+            self.metrics, self.sampler.gpus.gpu_count, config.console)
         for model in config.other_models:
             self.metrics.add_model(model)
         for model in (config.model, *config.other_models):
@@ -72,6 +76,8 @@ class Telemetry:
             PrometheusStatLogger(self.metrics, engine.eos_token_ids, matmul_peak_flops, trace_id_of, model),
             LoggingStatLogger(engine.eos_token_ids, decode_tokens, trace_id_of),
         ]
+        if self.console is not None:
+            loggers.append(self.console.logger(model, engine, trace_id_of, decode_tokens))
         if self.tracer is not None:
             loggers.append(TracingStatLogger(self.tracer))  # last: it ends the spans the others read
         self.stat_loggers += loggers
@@ -85,11 +91,15 @@ class Telemetry:
 
     def start(self) -> None:
         self.sampler.start()
+        if self.console is not None:
+            self.console.start()
         for hook in self.sampler.on_tick:
             hook()
 
     def shutdown(self) -> None:
         self.sampler.stop()
+        if self.console is not None:
+            self.console.stop()
         if self.provider is not None:
             self.provider.shutdown()
 

@@ -1,8 +1,9 @@
 #!/bin/sh
 # What `make test` needs besides the venv: the monitoring binaries its tests run for real, from Debian's packages
 # prometheus (prometheus, promtool), prometheus-alertmanager (prometheus-alertmanager, amtool), haproxy and
-# docker-registry (the image registry deploy/pin_images.py is tested against), and kubectl (its kustomize builds
-# deploy/kubernetes; the package of the Kubernetes apt repository, pkgs.k8s.io).
+# docker-registry (the image registry deploy/pin_images.py is tested against), kubectl (its kustomize builds
+# deploy/kubernetes; the package of the Kubernetes apt repository, pkgs.k8s.io), and chromium (headless, it opens
+# the live console).
 # As root with apt-get, it installs the missing packages; otherwise it stops with one line naming them.
 set -eu
 
@@ -11,7 +12,7 @@ PATH="$PATH:/usr/sbin:/sbin"
 missing=""
 for pair in promtool:prometheus prometheus:prometheus amtool:prometheus-alertmanager \
     prometheus-alertmanager:prometheus-alertmanager haproxy:haproxy kubectl:kubectl \
-    docker-registry:docker-registry; do
+    docker-registry:docker-registry chromium:chromium; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"
 done
 [ -n "$missing" ] || exit 0

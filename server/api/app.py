@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from server.api import chat, completions, health, models, tokenize
+from server.api import chat, completions, console, health, models, tokenize
 from server.api.agent_check import serve_agent_check
 from server.api.auth.api_keys import APIKeys
 from server.api.auth.authenticator import Authenticator
@@ -77,6 +77,7 @@ def create_app(
     grammars = {model.name: GrammarCompiler(model.engine, config.share_prefix_cache_across_tenants)
                 for model in router.models.values()}
     engines = router.engines
+    console_on = telemetry is not None and telemetry.console is not None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,7 +87,7 @@ def create_app(
         if telemetry is not None:
             telemetry.start()
             reporting = asyncio.create_task(keep_reporting(readiness))
-        announcing = asyncio.create_task(announce_when_ready(readiness, config, router))
+        announcing = asyncio.create_task(announce_when_ready(readiness, config, router, console_on))
         agent = None
         if config.agent_port is not None:
             agent = await serve_agent_check(readiness, engine, config.host, config.agent_port)
@@ -133,13 +134,16 @@ def create_app(
     )
     install_error_handlers(app)
     routes = (completions.router, chat.router, tokenize.router, models.router, health.probes, health.guarded,
-              _openapi)
+              _openapi, *((console.router,) if console_on else ()))
     for api_router in routes:
         app.include_router(api_router)
     # add_middleware puts each new one outermost: this reads innermost first.
     app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle, models_loading=lambda: router.loading,
                        exempt_paths=health.PROBE_PATHS)
-    open_paths = health.UNAUTHENTICATED_PATHS | ({"/metrics"} if not config.metrics_require_api_key else set())
+    # The console's data is guarded as /metrics is; its page and assets carry no data.
+    metrics_paths = {"/metrics", *((console.DATA_PATH,) if console_on else ())}
+    open_paths = health.UNAUTHENTICATED_PATHS | (console.OPEN_PATHS if console_on else set()) | (
+        metrics_paths if not config.metrics_require_api_key else set())
     app.add_middleware(AuthMiddleware, authenticator=authenticator, open_paths=open_paths)
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=config.max_request_bytes,
                        max_header_bytes=config.max_header_bytes)

@@ -24,18 +24,21 @@ def process_age_ms() -> int | None:
     return round((uptime_s - started_s) * 1000)
 
 
-def ready_line(config: ServerConfig, router: ModelRouter) -> str:
+def ready_line(config: ServerConfig, router: ModelRouter, console: bool = False) -> str:
     scheme = "https" if config.tls is not None else "http"
     models = ", ".join(f"{name}, {model.engine.info.dtype}" for name, model in router.models.items())
     age_ms = process_age_ms()
     took = "" if age_ms is None else f", {age_ms} ms from start"
-    return f"ready: {scheme}://{config.host}:{config.port} ({models}{took})"
+    url = f"{scheme}://{config.host}:{config.port}"
+    return f"ready: {url} ({models}{took})" + (f"; console: {url}/console" if console else "")
 
 
-async def announce_when_ready(readiness: AllModelsReady, config: ServerConfig, router: ModelRouter) -> None:
+async def announce_when_ready(
+    readiness: AllModelsReady, config: ServerConfig, router: ModelRouter, console: bool = False
+) -> None:
     """Log the ready line the first time /readyz would answer 200; nothing if a model fails to load."""
     while (problem := await readiness.readiness_problem()) is not None:
         if problem == "engine_dead":
             return
         await asyncio.sleep(POLL_S)
-    logger.info(ready_line(config, router))
+    logger.info(ready_line(config, router, console))
