@@ -1,4 +1,4 @@
-"""``python -m server serve|generate|bench`` (also installed as ``vigil``)."""
+"""``python -m server serve|generate|bench|top`` (also installed as ``vigil``)."""
 
 import argparse
 import logging
@@ -6,7 +6,7 @@ import os
 import sys
 
 from kernels.cpu_variants import chosen_variant
-from server import bench_cli, generate_cli, serve_cli
+from server import bench_cli, generate_cli, serve_cli, top_cli
 from server.distributed.environment import launched_rank
 
 
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cli.add_parser(subparsers)
     generate_cli.add_parser(subparsers)
     bench_cli.add_parser(subparsers)
+    top_cli.add_parser(subparsers)
     return parser
 
 
