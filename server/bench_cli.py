@@ -41,6 +41,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="alternate offline and HTTP this many times, on fresh prompts each round")
     add_engine_args(http)
     http.set_defaults(func=run_http)
+    console = modes.add_parser("console", help="HTTP throughput without the live console and with it open, alternating")
+    console.add_argument("--num-prompts", type=int, default=16, help="also the number of concurrent clients")
+    console.add_argument("--input-len", type=int, default=128)
+    console.add_argument("--output-len", type=int, default=64)
+    console.add_argument("--seed", type=int, default=0)
+    console.add_argument("--rounds", type=int, default=4, help="rounds of each side, on the same prompts")
+    add_engine_args(console)
+    console.set_defaults(func=run_console)
     serve = modes.add_parser("serve", help="streaming load test of any OpenAI-compatible server: TTFT, TPOT, "
                              "ITL, throughput, goodput")
     add_serve_args(serve)
@@ -96,6 +104,12 @@ def run_offline(args: argparse.Namespace) -> int:
 
 def run_http(args: argparse.Namespace) -> int:
     from server.bench.serve_http import run
+
+    return run(args)
+
+
+def run_console(args: argparse.Namespace) -> int:
+    from server.bench.console_overhead import run
 
     return run(args)
 

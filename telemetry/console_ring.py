@@ -41,8 +41,6 @@ class SeriesRing:
     def since(self, after_second: int) -> tuple[list[int], dict[str, list[float | None]]]:
         """As ``window``, for JSON: each field's values as a list, None for NaN."""
         seconds, values = self.window(after_second)
-        columns = {
-            name: [None if np.isnan(v) else round(float(v), 6) for v in values[:, i]]
-            for i, name in enumerate(self.fields)
-        }
-        return seconds.tolist(), columns
+        rounded = np.round(values, 6).astype(object)
+        rounded[np.isnan(values)] = None
+        return seconds.tolist(), dict(zip(self.fields, rounded.T.tolist(), strict=True))

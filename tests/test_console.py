@@ -57,16 +57,18 @@ def test_with_an_api_key_the_console_data_answers_401_without_it_and_never_carri
 def test_the_console_is_open_as_metrics_is_lists_outputs_under_log_requests_and_disable_console_removes_it(
     smollm_folder,
 ):
-    server = APIServer(smollm_folder, "--log-requests", "--console-requests", "2").wait_ready()
+    server = APIServer(smollm_folder, "--log-requests", "--console-requests", "2",
+                       "--console-trace-url", "http://traces.test/trace/{trace_id}").wait_ready()
     try:
         for _ in range(3):
             complete(server)
-        rows = []
+        data = {"requests": []}
         for _ in range(50):
-            rows = httpx.get(f"{server.base_url}/console/data.json", timeout=10).json()["requests"]
-            if len(rows) == 2:
+            data = httpx.get(f"{server.base_url}/console/data.json", timeout=10).json()
+            if len(data["requests"]) == 2:
                 break
-        assert len(rows) == 2 and all(row["output"] for row in rows)  # the last two of three
+        assert len(data["requests"]) == 2 and all(row["output"] for row in data["requests"])  # the last two of 3
+        assert data["trace_url"] == "http://traces.test/trace/{trace_id}"
         assert "console: http://" in server.log_tail()
     finally:
         server.stop()
