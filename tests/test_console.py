@@ -1,10 +1,13 @@
-"""The live console's data: the ring stays bounded, and on a real server the JSON follows /metrics' guard, holds
-no text unless asked, and goes away with --disable-console."""
+"""The live console's data: the ring stays bounded, each GPU gets its series, and on a real server the JSON follows
+/metrics' guard, holds no text unless asked, and goes away with --disable-console."""
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
+from telemetry.console import Console
 from telemetry.console_ring import SeriesRing
+from telemetry.metrics import VigilMetrics
 from tests.api_server import APIServer
 
 KEY = "console-test-key"
@@ -79,3 +82,21 @@ def test_the_console_is_open_as_metrics_is_lists_outputs_under_log_requests_and_
         assert "console:" not in server.log_tail()
     finally:
         server.stop()
+
+
+def test_each_gpu_the_sampler_reports_gets_its_series_and_its_temperature_lines():
+    metrics = VigilMetrics("smollm", CollectorRegistry())
+    console = Console(metrics, gpu_count=1)
+    # What HardwareSampler writes for one GPU (telemetry/hardware.py), a degree past VigilGPUHot's line.
+    hot = console.thresholds["rules"]["gpu_temperature_celsius"]["warning"]["value"]
+    for gauge, value in ((metrics.gpu_temperature, hot + 1), (metrics.gpu_utilization, 0.5),
+                         (metrics.gpu_memory_used, 2.0**30), (metrics.gpu_power, 300.0), (metrics.gpu_throttled, 0)):
+        gauge.labels("0", "NVIDIA H200").set(value)
+    console.close_second()
+    snapshot = console.snapshot(None)
+    assert {name: values[-1] for name, values in snapshot["series"].items() if name.startswith("gpu0_")} == {
+        "gpu0_temperature": hot + 1, "gpu0_utilization": 0.5, "gpu0_memory_used": 2.0**30, "gpu0_power": 300.0,
+        "gpu0_throttled": 0.0}
+    [temperature] = [i for i in snapshot["indicators"] if i["name"] == "gpu0_temperature"]
+    assert temperature["state"] == "warning" and temperature["alert"] == "VigilGPUHot"
+    assert snapshot["ring"]["bytes"] == 3600 * (len(console.fields) + 1) * 8
