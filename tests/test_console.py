@@ -1,6 +1,8 @@
 """The live console's data: the ring stays bounded, each GPU gets its series, and on a real server the JSON follows
 /metrics' guard, holds no text unless asked, and goes away with --disable-console."""
 
+import time
+
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
@@ -72,14 +74,18 @@ def test_the_console_is_open_as_metrics_is_lists_outputs_under_log_requests_and_
                 break
         assert len(data["requests"]) == 2 and all(row["output"] for row in data["requests"])  # the last two of 3
         assert data["trace_url"] == "http://traces.test/trace/{trace_id}"
-        assert "console: http://" in server.log_tail()
+        assert "console: http://" in server.log_path.read_text()
     finally:
         server.stop()
     server = APIServer(smollm_folder, "--disable-console").wait_ready()
     try:
         assert httpx.get(f"{server.base_url}/console").status_code == 404
         assert httpx.get(f"{server.base_url}/console/data.json").status_code == 404
-        assert "console:" not in server.log_tail()
+        deadline = time.monotonic() + 10
+        while "ready: " not in (log := server.log_path.read_text()):  # a poll of readiness after /readyz's 200
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert "console:" not in log
     finally:
         server.stop()
 
