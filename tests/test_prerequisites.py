@@ -27,5 +27,6 @@ def test_without_the_binaries_or_apt_get_it_stops_with_one_line_naming_the_packa
     result = run(str(tmp_path))
     assert result.returncode == 1
     [line] = result.stderr.splitlines()
-    assert "sudo apt-get install kubectl prometheus prometheus-alertmanager" in line
+    packages = "chromium docker-registry kubectl prometheus prometheus-alertmanager"
+    assert f"sudo apt-get install {packages}`" in line
     assert "haproxy" not in line  # found in /usr/sbin, which the script adds to PATH
