@@ -23,6 +23,8 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 # vLLM's names: fp8 is fp8_e4m3 (finer steps); fp8_e5m2 has a wider range. Neither takes scales.
 KV_CACHE_DTYPE_CHOICES = (*DTYPE_CHOICES, "fp8", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("int8", "int4")
+# How decode steps run (server/engine/execution_plan.py): "auto" takes the one-call loop wherever it can.
+DECODE_PATHS = ("auto", "one-call", "layer-loop")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     stop_on_repetition: bool = False
     batch_invariant: bool = False
+    decode_path: str = "auto"
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -120,6 +123,8 @@ class EngineConfig:
         if self.batch_invariant and self.quantization is not None:
             raise ValueError("batch-invariant mode takes no quantization: the quantized kernels sum a row "
                              "differently at different row counts")
+        if self.decode_path not in DECODE_PATHS:
+            raise ValueError(f"decode_path must be one of {', '.join(DECODE_PATHS)}, not {self.decode_path!r}")
         if self.block_size not in (8, 16, 32):
             raise ValueError("block_size must be 8, 16 or 32")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 
 from server.config import (
+    DECODE_PATHS,
     DTYPE_CHOICES,
     KV_CACHE_DTYPE_CHOICES,
     QUANTIZATIONS,
@@ -62,6 +63,10 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
                        help="a request's tokens do not depend on what else is in the batch: the same prompt and "
                             "seed give the same output alone or under load (CPU kernels, bf16 or fp32, no "
                             "quantization; slower, see docs/api.md)")
+    group.add_argument("--decode-path", choices=DECODE_PATHS, default="auto",
+                       help="how decode steps run: one-call (every layer in one compiled call, where the model and "
+                            "kernels allow), layer-loop (the Python loop over the layers), or auto (one-call "
+                            "wherever it can); --print-plan shows the choice")
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
 
 

@@ -40,6 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_server_args(parser)
     add_telemetry_args(parser)
     add_engine_args(parser, several_models=True)
+    parser.add_argument("--print-plan", action="store_true",
+                        help="load each model, print how its steps will run (the execution plan) and exit, "
+                             "without serving")
     parser.set_defaults(func=run)
 
 
@@ -85,8 +88,21 @@ def engine_loader(
     return load
 
 
+def print_plans(args: argparse.Namespace) -> int:
+    from server.engine.builder import build_engine
+
+    for spec in served_models_from_args(args).models:
+        plan = build_engine(spec.engine).runner.plan
+        print(f"{spec.name}:")
+        for line in plan.describe():
+            print(f"  {line}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format)
+    if args.print_plan:
+        return print_plans(args)
     http = build_server(args, dict(os.environ))
     http.run()
     for engine in http.engines:

@@ -143,9 +143,10 @@ class VigilMetrics:
         )
         self.engine_config = gauge(
             "vigil_engine_config_info",
-            "1, labelled with how the engine computes: its attention backend, dtypes and CPU kernel variant.",
+            "1, labelled with how the engine computes: its attention backend, dtypes, CPU kernel variant, and its "
+            "execution plan's decode path and linear kernels.",
             ("model", "attention_backend", "dtype", "weight_dtype", "quantization", "device", "tensor_parallel_size",
-             "cpu_kernels"),
+             "cpu_kernels", "decode_path", "linear_kernels"),
         )
         self.model_weight_bytes = gauge(
             "vigil_model_weight_bytes", "Memory the model's weights take, as stored (quantised or not)."

@@ -112,7 +112,7 @@ def test_seeded_choices_are_the_same_alone_in_a_batch_and_when_preempted(smollm_
     if dtype == "float32" and not fp16_weight_gemm_available():
         pytest.skip("no fbgemm: fp32 compute has no fp16-weight GEMM here")
     llm = LLM(smollm_folder, dtype=dtype, max_num_seqs=32, batch_invariant=True)
-    assert llm.engine.runner.model.one_call_decode is None
+    assert llm.engine.runner.one_call is None and llm.engine.runner.plan.decode_path == "layer-loop"
     alone = _choices(llm, 0)
     assert len({tuple(choice) for choice in alone}) > 1  # seed + choice: the choices are sampled, not copies
     assert _choices(llm, 24) == alone

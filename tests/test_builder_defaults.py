@@ -2,7 +2,8 @@
 
 import torch
 
-from server.engine.builder import resolve_kv_cache_dtype, resolve_max_num_batched_tokens, resolve_weight_dtype
+from server.engine.builder import resolve_max_num_batched_tokens
+from server.engine.precision import resolve_kv_cache_dtype, resolve_weight_dtype
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")

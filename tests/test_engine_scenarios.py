@@ -3,7 +3,7 @@
 import pytest
 
 from server import LLM, SamplingParams
-from server.engine.model_runner import kv_bytes_per_block
+from server.engine.kv_pool import kv_bytes_per_block
 
 pytestmark = pytest.mark.slow
 

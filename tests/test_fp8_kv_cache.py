@@ -10,7 +10,7 @@ import torch
 from kernels.backend import BACKEND_ENV
 from server import LLM
 from server.config import EngineConfig
-from server.engine.builder import resolve_kv_cache_dtype
+from server.engine.precision import resolve_kv_cache_dtype
 from server.engine.request import SamplingParams
 
 CPU = torch.device("cpu")

@@ -1,9 +1,9 @@
-"""Every layer of a decode step in one C++ call (server/models/one_call_decode.py): a bf16 SmolLM2 takes it, over
-weights packed for AMX tiles (on AMX CPUs) or plain ones (the few-rows kernel and oneDNN, as on CPUs without AMX),
-and its tokens and logprobs are the Python layer loop's bit for bit, at one stream (the few-rows kernels) and at
-more than the few-rows limit, over a bf16 and an fp8 KV cache; an fp32 SmolLM2 over fbgemm's fp16 weights (the default
-where fp32 computes) takes it too, over an fp16 KV cache. Where it cannot run (fp32 weights) the model keeps the
-Python loop, and the compiled loop refuses weights and caches it cannot take."""
+"""Every layer of a decode step in one C++ call (server/models/one_call_decode.py, where the execution plan takes
+it): a bf16 SmolLM2 takes it, over weights packed for AMX tiles (on AMX CPUs) or plain ones (the few-rows kernel and
+oneDNN, as on CPUs without AMX), and its tokens and logprobs are the Python layer loop's bit for bit, at one stream
+(the few-rows kernels) and at more than the few-rows limit, over a bf16 and an fp8 KV cache; an fp32 SmolLM2 over
+fbgemm's fp16 weights (the default where fp32 computes) takes it too, over an fp16 KV cache. Where it cannot run
+(fp32 weights) the model keeps the Python loop, and the compiled loop refuses weights and caches it cannot take."""
 
 import pytest
 import torch
@@ -36,16 +36,16 @@ def _outputs(llm: LLM, prompts: list[str]) -> list[tuple[list[int], str]]:
 
 
 def _assert_one_call_gives_the_loops_outputs(llm: LLM) -> None:
-    model = llm.engine.runner.model
-    one_call = model.one_call_decode
-    assert one_call is not None
+    runner = llm.engine.runner
+    one_call = runner.one_call
+    assert one_call is not None and runner.plan.decode_path == "one-call"
     for prompts in (PROMPTS[:1], PROMPTS):  # one row: the few-rows kernels; nine: the tiles, oneDNN or fbgemm
         taken = _outputs(llm, prompts)
-        model.one_call_decode = None
+        runner.one_call = None
         try:
             looped = _outputs(llm, prompts)
         finally:
-            model.one_call_decode = one_call
+            runner.one_call = one_call
         assert all(logprobs != "None" for _, logprobs in taken)
         assert taken == looped
 
@@ -84,7 +84,9 @@ def test_an_fp32_model_over_fp16_weights_decodes_in_one_call_with_the_python_loo
 
 
 def test_fp32_weights_keep_the_python_loop(llm_fp32):
-    assert llm_fp32.engine.runner.model.one_call_decode is None
+    runner = llm_fp32.engine.runner
+    assert runner.one_call is None and runner.plan.decode_path == "layer-loop"
+    assert "weights the compiled loop does not take (torch)" in runner.plan.decode_path_reason
 
 
 @needs_compiler

@@ -158,7 +158,9 @@ def test_the_ranks_keep_the_python_layer_loop_and_its_all_reduces(tiny_folder):
     one = LLM(str(tiny_folder), **engine)
     two = LLM(str(tiny_folder), tensor_parallel_size=2, **engine)
     try:
-        assert two.engine.runner.model.model.one_call_decode is None
+        assert one.engine.runner.plan.decode_path == "one-call"
+        assert two.engine.runner.one_call is None and two.engine.runner.plan.decode_path == "layer-loop"
+        assert two.engine.runner.plan.decode_path_reason.startswith("tensor parallelism")
         assert greedy_tokens(two) == greedy_tokens(one)
     finally:
         close(two)

@@ -29,12 +29,14 @@ from server.distributed.launch import TensorParallelError, Workers, launch_worke
 from server.distributed.messages import Allocate, Forward, Logits, RankSetup, pack_step
 from server.distributed.rank_model import build_rank_model, kv_capacity
 from server.distributed.sharding import check_divides
-from server.engine.builder import Precision, resolve_precision
+from server.engine.precision import Precision, resolve_precision
 from server.models.config import ModelConfig
 from server.models.decoder import DecoderModel
 
 
 class TensorParallelModel:
+    """A ``Model`` (server/models/interface.py) whose every call runs on all ranks."""
+
     def __init__(
         self,
         model: DecoderModel,
@@ -94,6 +96,9 @@ class TensorParallelModel:
             own = time.perf_counter() - started
             self.rank_step_durations_s = (own, *self.workers.receive_numbers())
         return hidden
+
+    def linear_kernels(self) -> dict[str, str]:
+        return self.model.linear_kernels()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with self._guard():

@@ -14,7 +14,7 @@ import torch
 
 from kernels.backend import AttentionMetadata
 from server.config import EngineConfig
-from server.engine.builder import Precision
+from server.engine.precision import Precision
 from server.models.config import ModelConfig
 
 

@@ -17,6 +17,7 @@ class RowParallelLinear:
         self.local = local
         self.group = group
         self.nbytes = local.nbytes
+        self.kernel_name = f"{local.kernel_name}+all-reduce"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.all_reduce(self.local(x))
@@ -47,6 +48,7 @@ class GatheredOutput:
         self.group = group
         self.vocab_size = vocab_size
         self.nbytes = local.nbytes
+        self.kernel_name = f"{local.kernel_name}+all-gather"
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = torch.cat(self.group.all_gather(self.local(hidden)), dim=-1)
@@ -60,6 +62,4 @@ def parallelize(model: DecoderModel, group: TensorParallelGroup, vocab_size: int
         layer.attention.o_proj = RowParallelLinear(layer.attention.o_proj, group)
         layer.mlp.down = RowParallelLinear(layer.mlp.down, group)
     model.lm_head = GatheredOutput(model.lm_head, group, vocab_size)
-    # The compiled decode loop (built with the model, over the unwrapped shards) has no all-reduce between layers.
-    model.one_call_decode = None
     return model

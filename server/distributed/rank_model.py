@@ -6,8 +6,8 @@ from server.distributed.group import TensorParallelGroup
 from server.distributed.messages import RankSetup
 from server.distributed.parallel_layers import parallelize
 from server.distributed.sharding import rank_config, shard_weights
-from server.engine.builder import count_kv_blocks, load_model
-from server.engine.model_runner import kv_bytes_per_block
+from server.engine.kv_pool import count_kv_blocks, kv_bytes_per_block
+from server.engine.model_loading import load_model
 from server.models.decoder import DecoderModel
 
 

@@ -14,13 +14,13 @@ import time
 
 import torch
 
-from kernels import huge_pages
 from server.distributed.channel import Channel
 from server.distributed.group import TensorParallelGroup, join_group, leave_group, open_store, rank_device
 from server.distributed.launch import COMMAND_ADDRESS_KEY
 from server.distributed.messages import Allocate, Forward, Logits, RankSetup, unpack_step
 from server.distributed.rank_model import build_rank_model, kv_capacity
 from server.distributed.sharding import rank_config
+from server.engine.kv_pool import allocate_kv_caches
 from server.models.decoder import DecoderModel
 
 logger = logging.getLogger("vigil.distributed")
@@ -48,7 +48,7 @@ def main() -> int:
         channel.send_number(model.weight_bytes)
         allocate = channel.receive_message()
         if isinstance(allocate, Allocate):
-            kv_caches = allocate_kv_caches(setup, size, allocate.num_blocks, device)
+            kv_caches = rank_kv_caches(setup, size, allocate.num_blocks, device)
             logger.info("tensor-parallel rank %d of %d serving on %s", rank, size, device)
             serve(channel, model, kv_caches, group, device)
         return 0
@@ -59,15 +59,10 @@ def main() -> int:
         leave_group()
 
 
-def allocate_kv_caches(setup: RankSetup, size: int, num_blocks: int, device: torch.device) -> KVCaches:
+def rank_kv_caches(setup: RankSetup, size: int, num_blocks: int, device: torch.device) -> KVCaches:
     """This rank's KV heads of every block, K and V per layer, in the layout the model runner uses."""
-    config = rank_config(setup.model_config, size)
-    shape = (num_blocks, setup.config.block_size, config.num_key_value_heads, config.head_dim)
-    dtype = setup.precision.kv_dtype
-    return [
-        (huge_pages.zeros_on(device, shape, dtype), huge_pages.zeros_on(device, shape, dtype))
-        for _ in range(config.num_hidden_layers)
-    ]
+    return allocate_kv_caches(rank_config(setup.model_config, size), num_blocks, setup.config.block_size,
+                              setup.precision.kv_dtype, device)
 
 
 def serve(

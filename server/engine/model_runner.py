@@ -1,24 +1,19 @@
-"""Builds the paged batch for a step (positions, slots, block tables), runs the model and samples."""
+"""Builds the paged batch for a step (positions, slots, block tables), runs the model as the execution plan says
+(server/engine/execution_plan.py) and samples."""
 
 from dataclasses import dataclass, field
 
 import torch
 
-from kernels import huge_pages
 from kernels.backend import AttentionBatch, AttentionMetadata
+from server.engine.execution_plan import ExecutionPlan
+from server.engine.kv_pool import allocate_kv_caches
 from server.engine.logprobs import gather_logprobs
 from server.engine.request import TokenLogprob
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledRequest, SchedulerOutput
-from server.models.config import ModelConfig
-from server.models.decoder import DecoderModel
-
-
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """K and V, every layer, one block."""
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
-    return per_token * block_size * dtype.itemsize
-
+from server.models.interface import Model
+from server.models.one_call_decode import OneCallDecode
 
 # Prompt logprobs need the whole vocabulary's logits at every prompt position: this many positions at a time.
 PROMPT_LOGPROBS_ROWS = 256
@@ -47,27 +42,30 @@ class ModelRunnerOutput:
 class ModelRunner:
     def __init__(
         self,
-        model: DecoderModel,
+        model: Model,
+        plan: ExecutionPlan,
+        one_call: OneCallDecode | None,
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        cfg = model.config
+        """``one_call``: the compiled decode loop, where ``plan`` takes it."""
         self.model = model
+        self.plan = plan
+        self.one_call = one_call
         self.block_size = block_size
         self.device = device
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [
-            (huge_pages.zeros_on(device, shape, dtype), huge_pages.zeros_on(device, shape, dtype))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        self.kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, dtype, device)
         self.sampler = Sampler(model.layer_ops.greedy_tokens)
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """One forward pass; new tokens for each scheduled request that is now up to date."""
         input_ids, positions, meta, last_rows = self._prepare(output)
-        hidden = self.model.forward(input_ids, positions, self.kv_caches, meta)
+        if self.one_call is not None and meta.num_decode_tokens == input_ids.shape[0]:
+            hidden = self.one_call(input_ids, positions, self.kv_caches, meta)
+        else:
+            hidden = self.model.forward(input_ids, positions, self.kv_caches, meta)
         scheduled = output.scheduled
         result = ModelRunnerOutput([[] for _ in scheduled], [None] * len(scheduled),
                                    self._prompt_logprobs(output, hidden))

@@ -32,6 +32,8 @@ class EngineInfo:
     weight_bytes: int  # over every tensor-parallel rank
     tensor_parallel_size: int = 1
     cpu_kernels: str = "none"  # the C++ kernels' ISA variant ("avx2" ... "amx"), "torch" without them, "none" off CPU
+    decode_path: str = "layer-loop"  # the execution plan's (server/engine/execution_plan.py)
+    linear_kernels: str = "torch"  # the plan's kernel for every kind of weight matrix, or each kind's
 
 
 @dataclass(frozen=True)

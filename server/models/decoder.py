@@ -14,7 +14,6 @@ from kernels.backend import AttentionBackend, AttentionMetadata, LayerOps
 from server.models.config import ModelConfig
 from server.models.layers import GatedActivation, LinearFactory, TokenEmbedding, Weights, rotary_tables
 from server.models.linear import Linear, SiluMulOfGateUp, silu_mul_fuses_into
-from server.models.one_call_decode import one_call_decode
 
 
 @dataclass
@@ -76,7 +75,7 @@ class DecoderModel:
     runs four GEMMs. The embedding table is held in ``weight_dtype``; everything else computes in the dtype of
     the embedding table as loaded."""
 
-    # Per tensor-parallel rank, the wall time of its last forward pass (server/distributed); one process has none.
+    # One process: no ranks to time (server/models/interface.py).
     rank_step_durations_s: tuple[float, ...] = ()
 
     def __init__(
@@ -105,7 +104,6 @@ class DecoderModel:
         self.lm_head = weights.lm_head
         self.rotary = rotary_tables(config.layer_rope_thetas, config.head_dim, config.max_position_embeddings, device)
         self.activated_gate_ups = [self._activated(layer.mlp.gate_up) for layer in self.layers]
-        self.one_call_decode = one_call_decode(config, self.layers, self.norm, self.rotary, attention, layer_ops)
 
     @torch.inference_mode()
     def forward(
@@ -115,14 +113,10 @@ class DecoderModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """Hidden states after the final norm, one row per input token."""
-        hidden = self.embed(input_ids)
-        if self.embed_scale is not None:
-            hidden = hidden * self.embed_scale
+        """Hidden states after the final norm, one row per input token: the Python loop over the layers (the
+        execution plan may run a decode step's layers in one compiled call instead: one_call_decode.py)."""
+        hidden, normed = self.embed_input(input_ids)
         ops, eps = self.layer_ops, self.config.rms_norm_eps
-        normed = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
-        if self.one_call_decode is not None and meta.num_decode_tokens == input_ids.shape[0]:
-            return self.one_call_decode(hidden, normed, positions, kv_caches, meta)
         next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         layers = zip(self.layers, next_norms, kv_caches, self.activated_gate_ups, strict=True)
         for index, (layer, next_norm, kv_cache, activated_gate_up) in enumerate(layers):
@@ -137,6 +131,13 @@ class DecoderModel:
             hidden, normed = ops.add_rms_norm(hidden, mlp_out, next_norm, eps)
         return normed
 
+    def embed_input(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens' embeddings (the residual stream) and their first layer's input norm."""
+        hidden = self.embed(input_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
+        return hidden, self.layer_ops.rms_norm(hidden, self.layers[0].input_norm, self.config.rms_norm_eps)
+
     def _activated(self, gate_up: Linear) -> Callable[[torch.Tensor], torch.Tensor]:
         """The activation of gate_up's output. SwiGLU runs inside the layer's AMX kernel where the activation is
         the compiled layer op, whose arithmetic that kernel shares."""
@@ -146,6 +147,14 @@ class DecoderModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def linear_kernels(self) -> dict[str, str]:
+        first = self.layers[0]
+        gate_up = first.mlp.gate_up.kernel_name
+        if isinstance(self.activated_gate_ups[0], SiluMulOfGateUp):
+            gate_up += "+swiglu"
+        return {"qkv": first.attention.qkv.kernel_name, "o_proj": first.attention.o_proj.kernel_name,
+                "gate_up": gate_up, "down": first.mlp.down.kernel_name, "lm_head": self.lm_head.kernel_name}
 
     @property
     def weight_bytes(self) -> int:

@@ -19,6 +19,7 @@ from server.models.quantization import QuantizedWeight, quantize
 
 class Linear(Protocol):
     nbytes: int  # what the layer keeps of its weights
+    kernel_name: str  # what multiplies, as the execution plan names it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
@@ -29,6 +30,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class DenseLinear:
+    kernel_name = "torch"
+
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
         self.nbytes = weight.nbytes
@@ -48,6 +51,7 @@ class Bf16WeightLinear(DenseLinear):
         super().__init__(huge_pages.copy(weight))
         self.few_rows = few_rows
         self.max_rows = max_rows
+        self.kernel_name = f"bf16-few-rows-cpp<={max_rows}+onednn"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x)
@@ -69,6 +73,7 @@ class RowInvariantBf16Linear(DenseLinear):
                  ) -> None:
         super().__init__(huge_pages.copy(weight))
         self.row_invariant_linear = row_invariant_linear
+        self.kernel_name = "bf16-row-invariant-cpp"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.row_invariant_linear(_rows(x), self.weight)
@@ -90,6 +95,7 @@ class AmxBf16WeightLinear:
         self.amx_few_rows_linear = compiled.amx_few_rows_linear
         self.amx_linear = compiled.amx_linear
         self.amx_silu_mul_linear = compiled.amx_silu_mul_linear
+        self.kernel_name = f"amx-bf16-cpp(few-rows<={self.max_rows})"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x)
@@ -127,6 +133,8 @@ def silu_mul_fuses_into(gate_up: Linear) -> bool:
 class Fp16WeightLinear:
     """fp32 activations times fp16 weights prepacked for fbgemm; the fp32 copy of the weights is not kept."""
 
+    kernel_name = "fbgemm-fp16"
+
     def __init__(self, weight: torch.Tensor) -> None:
         self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
         self.out_features = weight.shape[0]
@@ -140,9 +148,10 @@ class QuantizedLinear:
     """Activations in the compute dtype times weights kept quantised (server/models/quantization.py): the Triton
     kernels on CUDA, the C++ kernels on the CPU, the torch oracle elsewhere."""
 
-    def __init__(self, weight: QuantizedWeight, kernel: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, weight: QuantizedWeight, kernel: Callable[..., torch.Tensor], kernel_name: str) -> None:
         self.weight = weight
         self.kernel = kernel
+        self.kernel_name = kernel_name
         self.nbytes = weight.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,6 +167,7 @@ class ChunkedLinear:
     def __init__(self, parts: list[Linear]) -> None:
         self.parts = parts
         self.nbytes = sum(part.nbytes for part in parts)
+        self.kernel_name = f"{parts[0].kernel_name} in {len(parts)} slices"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], dim=-1)
@@ -186,16 +196,18 @@ def make_linear(
     return _single_linear(weight, weight_dtype, quantization, row_invariant)
 
 
-def _quantized_kernel(method: str, weight: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """The Triton kernel on CUDA (any shape quantize() makes); the C++ kernel where it runs (the CPU, output
+def _quantized_linear(weight: torch.Tensor, method: str) -> QuantizedLinear:
+    """With the Triton kernel on CUDA (any shape quantize() makes); the C++ kernel where it runs (the CPU, output
     features in fours, input features in blocks of 32); else the torch oracle."""
     if weight.device.type == "cuda":
         from kernels import quantized_linear
 
-        return getattr(quantized_linear, f"{method}_linear")
+        return QuantizedLinear(quantize(weight, method), getattr(quantized_linear, f"{method}_linear"),
+                               f"{method}-triton")  # fmt: skip
     fits = weight.shape[0] % 4 == 0 and weight.shape[1] % 32 == 0
     compiled = cpu.load() if weight.device.type == "cpu" and fits else None
-    return getattr(compiled if compiled is not None else reference, f"{method}_linear")
+    source, name = (compiled, "cpp") if compiled is not None else (reference, "torch")
+    return QuantizedLinear(quantize(weight, method), getattr(source, f"{method}_linear"), f"{method}-{name}")
 
 
 def _few_rows_kernels(weight: torch.Tensor) -> ModuleType | None:
@@ -218,7 +230,7 @@ def _single_linear(
     if row_invariant:
         return _row_invariant_linear(weight, weight_dtype, quantization)
     if quantization is not None:
-        return QuantizedLinear(quantize(weight, quantization), _quantized_kernel(quantization, weight))
+        return _quantized_linear(weight, quantization)
     if weight_dtype == weight.dtype:
         compiled = _few_rows_kernels(weight)
         if compiled is None:

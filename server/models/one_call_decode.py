@@ -3,77 +3,79 @@ layers over bf16 weights (packed for AMX tiles, or plain for the few-rows kernel
 packed for fbgemm under fp32 compute, with the CPU kernels running attention and the layer ops. Between its kernels
 ``DecoderModel.forward`` spends Python's time on each layer: about 7 ms of a 48-65 ms decode step at batch 64 on
 two Xeon cores, and 3 of 18 ms at one stream in fp32. The C++ loop calls the same kernels in the same order on the
-same tensors, so its result is the same bits."""
+same tensors, so its result is the same bits. The execution plan (server/engine/execution_plan.py) decides whether
+a model's decode steps take it."""
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from kernels.backend import AttentionBackend, AttentionMetadata, CpuAttention, LayerOps
+from kernels.backend import AttentionMetadata, CpuAttention
 from server.models.config import ModelConfig
-from server.models.layers import RotaryEmbedding
+from server.models.decoder import DecoderLayer, DecoderModel
 from server.models.linear import AmxBf16WeightLinear, Bf16WeightLinear, Fp16WeightLinear, silu_mul_fuses_into
-
-if TYPE_CHECKING:
-    from server.models.decoder import DecoderLayer
 
 
 class OneCallDecode:
     """A decode step's layers: the rows are one query token each, all decoding."""
 
-    def __init__(self, compiled_layers: Any) -> None:
+    def __init__(self, model: DecoderModel, compiled_layers: Any) -> None:
+        self._model = model
         self._layers = compiled_layers
 
+    @torch.inference_mode()
     def __call__(
         self,
-        hidden: torch.Tensor,
-        normed: torch.Tensor,
+        input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """The last layer's output after the final norm, as ``DecoderModel.forward`` returns it; ``normed`` is the
-        first layer's input norm of ``hidden``, which the layers' residual adds update in place."""
+        """The last layer's output after the final norm, as ``DecoderModel.forward`` returns it (the layers'
+        residual adds update the embeddings and their first norm in place)."""
+        hidden, normed = self._model.embed_input(input_ids)
         return self._layers.forward(
             hidden, normed, positions, [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
             meta.decode_block_tables, meta.decode_seq_lens,
         )
 
 
-def one_call_decode(
-    config: ModelConfig,
-    layers: Sequence[DecoderLayer],
-    final_norm: torch.Tensor,
-    rotary: Sequence[RotaryEmbedding],
-    attention: AttentionBackend,
-    layer_ops: LayerOps,
-) -> OneCallDecode | None:
-    """The one-call loop over ``layers``, or None where a layer needs what only the Python loop does (biases,
-    QK-norm, output norms, GeGLU, weights other than bf16 or fbgemm's fp16 ones, another attention backend, the
-    batch-invariant one included). A tensor-parallel rank's layers pass these checks (its config is its share);
-    ``parallelize`` drops the loop when it wraps them for the all-reduce, which the loop does not do."""
-    if not isinstance(attention, CpuAttention) or attention.batch_invariant:
-        return None
-    if layer_ops.name != "cpu" or config.hidden_act != "silu":
-        return None
-    if not layers or not all(_plain(layer, config) for layer in layers):
-        return None
-    compiled = attention.compiled.DecodeLayers(
+def one_call_refusal(model: DecoderModel) -> str | None:
+    """Why ``model``'s decode steps cannot take the one-call loop, or None where they can: a layer that needs what
+    only the Python loop does (biases, QK-norm, output norms, GeGLU, weights other than bf16 or fbgemm's fp16
+    ones), or another attention backend, the batch-invariant one included."""
+    attention, config = model.attention, model.config
+    if not isinstance(attention, CpuAttention):
+        return f"the {attention.name} attention backend (the compiled loop runs the CPU kernels' attention)"
+    if attention.batch_invariant:
+        return "batch-invariant mode (its kernels sum each row in a fixed order; the compiled loop does not)"
+    if model.layer_ops.name != "cpu":
+        return f"the {model.layer_ops.name} layer ops (the compiled loop runs the CPU kernels' layer ops)"
+    if config.hidden_act != "silu":
+        return f"the {config.hidden_act} activation (the compiled loop has SwiGLU only)"
+    for index, layer in enumerate(model.layers):
+        refusal = _layer_refusal(layer, config)
+        if refusal:
+            return f"layer {index}: {refusal}"
+    return None if model.layers else "no layers"
+
+
+def build_one_call_decode(model: DecoderModel) -> OneCallDecode:
+    """The compiled loop over ``model``'s layers, which ``one_call_refusal`` has accepted."""
+    config, layers = model.config, model.layers
+    compiled = model.attention.compiled.DecodeLayers(
         config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size,
         config.intermediate_size, config.rms_norm_eps, config.attention_scale,
     )
-    next_norms = [layer.input_norm for layer in layers[1:]] + [final_norm]
-    for layer, next_norm, table, window in zip(layers, next_norms, rotary, config.layer_windows, strict=True):
+    next_norms = [layer.input_norm for layer in layers[1:]] + [model.norm]
+    for layer, next_norm, table, window in zip(layers, next_norms, model.rotary, config.layer_windows, strict=True):
         attn, mlp = layer.attention, layer.mlp
         add = compiled.add_fp16_layer if isinstance(attn.qkv, Fp16WeightLinear) else compiled.add_layer
         add(
             _weight(attn.qkv), _weight(attn.o_proj), _weight(mlp.gate_up), _weight(mlp.down), layer.mlp_norm,
             next_norm, table.cos, table.sin, window or 0,
         )
-    return OneCallDecode(compiled)
+    return OneCallDecode(model, compiled)
 
 
 OneCallLinear = AmxBf16WeightLinear | Bf16WeightLinear | Fp16WeightLinear
@@ -88,21 +90,24 @@ def _out_features(linear: OneCallLinear) -> int:
     return linear.weight.shape[0] if isinstance(linear, Bf16WeightLinear) else linear.out_features
 
 
-def _plain(layer: DecoderLayer, config: ModelConfig) -> bool:
-    """A llama-style layer whose four linears are bf16, or all four fbgemm's fp16, at the sizes ``config`` gives,
-    with SwiGLU inside the gate/up kernel wherever the decoder puts it there."""
+def _layer_refusal(layer: DecoderLayer, config: ModelConfig) -> str | None:
+    """None for a llama-style layer whose four linears are bf16, or all four fbgemm's fp16, at the sizes
+    ``config`` gives, with SwiGLU inside the gate/up kernel wherever the decoder puts it there."""
     attn, mlp = layer.attention, layer.mlp
     linears = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down)
     bf16 = all(type(linear) in (AmxBf16WeightLinear, Bf16WeightLinear) for linear in linears)
     if not bf16 and not all(type(linear) is Fp16WeightLinear for linear in linears):
-        return False
+        kernels = sorted({linear.kernel_name for linear in linears})
+        return f"weights the compiled loop does not take ({', '.join(kernels)})"
     if isinstance(mlp.gate_up, AmxBf16WeightLinear) and not silu_mul_fuses_into(mlp.gate_up):
-        return False
+        return "a gate/up layer whose halves SwiGLU cannot fuse into"
     extras = (attn.qkv_bias, attn.q_norm, attn.k_norm, attn.output_norm, mlp.output_norm)
+    if any(extra is not None for extra in extras):
+        return "Q/K/V biases, QK-norm or output norms"
     heads = config.num_attention_heads + 2 * config.num_key_value_heads
-    return (
-        all(extra is None for extra in extras)
-        and _out_features(attn.qkv) == heads * config.head_dim
+    sizes_fit = (
+        _out_features(attn.qkv) == heads * config.head_dim
         and _out_features(attn.o_proj) == _out_features(mlp.down) == config.hidden_size
         and _out_features(mlp.gate_up) == 2 * config.intermediate_size
     )
+    return None if sizes_fit else "layer sizes other than the config's"

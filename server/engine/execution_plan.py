@@ -1,0 +1,69 @@
+"""How every step runs, decided once when the engine is built, and said: the decode path, the kernel of each kind
+of weight matrix, the attention kernel, the KV cache's dtype, the sampler's greedy kernel, the CPU kernels'
+variant, and why. The builder logs it, ``vigil serve --print-plan`` prints it, and ``vigil_engine_config_info``
+carries it; the model runner executes it."""
+
+from dataclasses import dataclass
+
+from server.config import DECODE_PATHS
+from server.models.decoder import DecoderModel
+from server.models.interface import Model
+from server.models.one_call_decode import OneCallDecode, build_one_call_decode, one_call_refusal
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    decode_path: str  # "one-call": a decode step's layers in one compiled call; "layer-loop": the Python loop
+    decode_path_reason: str
+    attention: str  # the attention backend: "cpu", "cpu-batch-invariant", "triton" or "torch"
+    layer_ops: str  # norms, rotary, activation: "cpu", "triton" or "torch"
+    linear_kernels: dict[str, str]  # each kind of weight matrix and the kernel that multiplies by it
+    kv_cache_dtype: str
+    sampler: str  # the kernel that picks greedy rows' tokens; sampled rows are torch's
+    cpu_kernels: str  # the C++ kernels' ISA variant, "torch" without them, "none" off the CPU
+    tensor_parallel_size: int
+
+    @property
+    def linear_kernel_summary(self) -> str:
+        """One kernel where every kind takes the same, else each kind's, for a metric label."""
+        kernels = set(self.linear_kernels.values())
+        if len(kernels) == 1:
+            return kernels.pop()
+        return ",".join(f"{kind}={kernel}" for kind, kernel in self.linear_kernels.items())
+
+    def describe(self) -> list[str]:
+        return [
+            f"decode path: {self.decode_path} ({self.decode_path_reason})",
+            f"attention: {self.attention}; layer ops: {self.layer_ops}; KV cache: {self.kv_cache_dtype}",
+            "linear kernels: " + ", ".join(f"{kind} {kernel}" for kind, kernel in self.linear_kernels.items()),
+            f"sampler: greedy rows by the {self.sampler} argmax, sampled rows by torch",
+            f"CPU kernels: {self.cpu_kernels}; tensor parallel size: {self.tensor_parallel_size}",
+        ]
+
+
+def plan_execution(model: Model, decode_path: str, kv_cache_dtype: str, cpu_kernels: str,
+                   tensor_parallel_size: int) -> tuple[ExecutionPlan, OneCallDecode | None]:
+    """The plan for ``model`` as loaded, and the compiled decode loop where the plan takes it. ``decode_path``
+    "auto" takes the one-call loop wherever it can run; "one-call" raises ValueError where it cannot."""
+    if decode_path not in DECODE_PATHS:
+        raise ValueError(f"decode path {decode_path!r}: choose one of {', '.join(DECODE_PATHS)}")
+    if not isinstance(model, DecoderModel):
+        refusal = "tensor parallelism: the compiled loop has no all-reduce between layers"
+    else:
+        refusal = one_call_refusal(model)
+    if decode_path == "one-call" and refusal:
+        raise ValueError(f"--decode-path one-call cannot run this model here: {refusal}")
+    one_call = None
+    if decode_path == "layer-loop":
+        path, reason = "layer-loop", "chosen with --decode-path layer-loop"
+    elif refusal:
+        path, reason = "layer-loop", refusal
+    else:
+        path, reason = "one-call", "every layer is llama-style over weights the compiled loop takes"
+        one_call = build_one_call_decode(model)
+    plan = ExecutionPlan(
+        decode_path=path, decode_path_reason=reason, attention=model.attention.name, layer_ops=model.layer_ops.name,
+        linear_kernels=model.linear_kernels(), kv_cache_dtype=kv_cache_dtype, sampler=model.layer_ops.name,
+        cpu_kernels=cpu_kernels, tensor_parallel_size=tensor_parallel_size,
+    )
+    return plan, one_call
