@@ -46,6 +46,10 @@ def assert_plan_is_what_runs(llm: LLM, decode_path: str) -> None:
         pytest.param({"dtype": "bfloat16"}, "bf16", marks=needs_compiler, id="bf16"),
         pytest.param({"dtype": "float32", "weight_dtype": "float16"}, "fbgemm-fp16", marks=needs_fbgemm,
                      id="fp32-over-fp16-weights"),
+        pytest.param({"dtype": "bfloat16", "quantization": "int8"}, "int8-cpp", marks=needs_compiler, id="int8"),
+        pytest.param({"dtype": "bfloat16", "quantization": "int4"}, "int4-cpp", marks=needs_compiler, id="int4"),
+        pytest.param({"dtype": "float32", "weight_dtype": "float32", "quantization": "int8"}, "int8-cpp",
+                     marks=needs_compiler, id="int8-under-fp32"),
     ],
 )
 def test_both_decode_paths_run_as_planned_and_give_the_same_tokens(smollm_folder, engine, kernel):
@@ -64,8 +68,6 @@ def test_both_decode_paths_run_as_planned_and_give_the_same_tokens(smollm_folder
     ("engine", "kernel", "reason"),
     [
         ({"dtype": "float32", "weight_dtype": "float32"}, "torch", "weights the compiled loop does not take"),
-        pytest.param({"dtype": "bfloat16", "quantization": "int8"}, "int8-cpp", "weights the compiled loop",
-                     marks=needs_compiler, id="int8"),
         pytest.param({"dtype": "bfloat16", "batch_invariant": True}, "bf16-row-invariant-cpp", "batch-invariant mode",
                      marks=needs_compiler, id="batch-invariant"),
     ],

@@ -38,7 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_rows_limit", &few_rows_limit, "The rows up to which few_rows_linear beats a bf16 GEMM here");
   // module_local: every ISA variant is its own extension with this same type, and a process may load several.
   pybind11::class_<DecodeLayers>(m, "DecodeLayers", pybind11::module_local(),
-                                 "Every decoder layer of a decode step in one call (bf16, or fp16 under fp32)")
+                                 "Every decoder layer of a decode step in one call (bf16, int8 or int4, or fp16 under fp32)")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &DecodeLayers::add_layer)
       .def("add_fp16_layer",
@@ -48,5 +48,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              self.add_fp16_layer(packed_fp16_weight(qkv), packed_fp16_weight(o_proj), packed_fp16_weight(gate_up),
                                  packed_fp16_weight(down), mlp_norm, next_norm, cos, sin, window);
            })
+      .def("add_quantized_layer", &DecodeLayers::add_quantized_layer)
       .def("forward", &DecodeLayers::forward);
 }

@@ -24,19 +24,39 @@ void DecodeLayers::add_layer(at::Tensor qkv, at::Tensor o_proj, at::Tensor gate_
   TORCH_CHECK(fits(qkv, (num_heads_ + 2 * num_kv_heads_) * head_dim_) && fits(o_proj, hidden_size_) &&
                   fits(gate_up, 2 * intermediate_size_) && fits(down, hidden_size_),
               "add_layer takes bf16 weights, [N, K] or packed by amx_pack_weight, of the model's sizes");
-  layers_.push_back({qkv, o_proj, gate_up, down, mlp_norm, next_norm, cos, sin, window, {}});
+  layers_.push_back({qkv, o_proj, gate_up, down, mlp_norm, next_norm, cos, sin, window, {}, {}});
 }
 
 void DecodeLayers::add_fp16_layer(PackedFp16Weight qkv, PackedFp16Weight o_proj, PackedFp16Weight gate_up,
                                   PackedFp16Weight down, at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor cos,
                                   at::Tensor sin, int64_t window) {
   TORCH_CHECK(qkv && o_proj && gate_up && down, "add_fp16_layer takes four packed weights");
-  layers_.push_back({{}, {}, {}, {}, mlp_norm, next_norm, cos, sin, window, {qkv, o_proj, gate_up, down}});
+  layers_.push_back({{}, {}, {}, {}, mlp_norm, next_norm, cos, sin, window, {qkv, o_proj, gate_up, down}, {}});
 }
 
-// fp16 weights: fbgemm's GEMM, as Fp16WeightLinear calls it.
+void DecodeLayers::add_quantized_layer(std::vector<at::Tensor> qkv, std::vector<at::Tensor> o_proj,
+                                       std::vector<at::Tensor> gate_up, std::vector<at::Tensor> down,
+                                       at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor cos, at::Tensor sin,
+                                       int64_t window) {
+  const auto fits = [](const std::vector<at::Tensor>& weight, int64_t outputs) {
+    if (weight.size() != 2 && weight.size() != 3) return false;
+    const at::ScalarType codes = weight.size() == 2 ? at::kChar : at::kByte;
+    return weight[0].dim() == 2 && weight[0].scalar_type() == codes && weight[0].size(0) == outputs;
+  };
+  TORCH_CHECK(fits(qkv, (num_heads_ + 2 * num_kv_heads_) * head_dim_) && fits(o_proj, hidden_size_) &&
+                  fits(gate_up, 2 * intermediate_size_) && fits(down, hidden_size_),
+              "add_quantized_layer takes int8 (codes, scales) or int4 (codes, scales, mins) weights of the "
+              "model's sizes");
+  layers_.push_back(
+      {{}, {}, {}, {}, mlp_norm, next_norm, cos, sin, window, {}, {qkv, o_proj, gate_up, down}});
+}
+
+// fp16 weights: fbgemm's GEMM, as Fp16WeightLinear calls it; quantised ones: the kernel QuantizedLinear calls.
 at::Tensor DecodeLayers::linear(const at::Tensor& x, const Layer& layer, Weight weight) const {
   if (layer.fp16[weight]) return layer.fp16[weight]->apply_dynamic(x);
+  const std::vector<at::Tensor>& quantized = layer.quantized[weight];
+  if (quantized.size() == 2) return int8_linear(x, quantized[0], quantized[1]);
+  if (quantized.size() == 3) return int4_linear(x, quantized[0], quantized[1], quantized[2]);
   const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
   switch (weight) {
     case kQkv: return bf16_linear(x, layer.qkv, q_size + 2 * kv_size);

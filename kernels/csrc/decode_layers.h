@@ -1,6 +1,6 @@
 // Every decoder layer of a decode step in one call from Python, for llama-style layers (no biases, no Q/K or
-// output norms, SwiGLU) over bf16 weights, plain or packed for AMX tiles (amx_pack_weight), or over fp16 weights
-// packed for fbgemm under fp32 compute. It calls the kernels that server/models/decoder.py calls, in the same order
+// output norms, SwiGLU) over bf16 weights, plain or packed for AMX tiles (amx_pack_weight), over fp16 weights
+// packed for fbgemm under fp32 compute, or over int8 or int4 weights (quantized_linear.cpp). It calls the kernels that server/models/decoder.py calls, in the same order
 // and on the same tensors, so its result is the same bits; what it saves is Python's part of each layer (about 7 ms
 // of a 48-65 ms decode step at batch 64 on two Xeon cores).
 #pragma once
@@ -28,6 +28,12 @@ class DecodeLayers {
   void add_fp16_layer(PackedFp16Weight qkv, PackedFp16Weight o_proj, PackedFp16Weight gate_up, PackedFp16Weight down,
                       at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor cos, at::Tensor sin, int64_t window);
 
+  // The same, over quantised weights: each is the tensors int8_linear (codes, scales) or int4_linear (packed
+  // codes, scales, minimums) takes after the activations.
+  void add_quantized_layer(std::vector<at::Tensor> qkv, std::vector<at::Tensor> o_proj,
+                           std::vector<at::Tensor> gate_up, std::vector<at::Tensor> down, at::Tensor mlp_norm,
+                           at::Tensor next_norm, at::Tensor cos, at::Tensor sin, int64_t window);
+
   // One query token per row of hidden ([tokens, hidden_size], the residual stream, updated in place); normed is its
   // first input norm. The KV caches are the layers' in order; slots, tables and lens are the step's attention
   // metadata for decode. Returns the last layer's output after the final norm.
@@ -42,6 +48,7 @@ class DecodeLayers {
     at::Tensor qkv, o_proj, gate_up, down, mlp_norm, next_norm, cos, sin;
     int64_t window;
     std::array<PackedFp16Weight, 4> fp16;  // in Weight's order, instead of the bf16 ones
+    std::array<std::vector<at::Tensor>, 4> quantized;  // likewise
   };
 
   at::Tensor linear(const at::Tensor& x, const Layer& layer, Weight weight) const;

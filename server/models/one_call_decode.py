@@ -1,6 +1,7 @@
 """Every decoder layer of a decode step in one C++ call (kernels/csrc/decode_layers.h), for plain llama-style
-layers over bf16 weights (packed for AMX tiles, or plain for the few-rows kernel and oneDNN), or over fp16 weights
-packed for fbgemm under fp32 compute, with the CPU kernels running attention and the layer ops. Between its kernels
+layers over bf16 weights (packed for AMX tiles, or plain for the few-rows kernel and oneDNN), over fp16 weights
+packed for fbgemm under fp32 compute, or over int8 or int4 weights that the C++ quantised kernels multiply, with
+the CPU kernels running attention and the layer ops. Between its kernels
 ``DecoderModel.forward`` spends Python's time on each layer: about 7 ms of a 48-65 ms decode step at batch 64 on
 two Xeon cores, and 3 of 18 ms at one stream in fp32. The C++ loop calls the same kernels in the same order on the
 same tensors, so its result is the same bits. The execution plan (server/engine/execution_plan.py) decides whether
@@ -13,7 +14,13 @@ import torch
 from kernels.backend import AttentionMetadata, CpuAttention
 from server.models.config import ModelConfig
 from server.models.decoder import DecoderLayer, DecoderModel
-from server.models.linear import AmxBf16WeightLinear, Bf16WeightLinear, Fp16WeightLinear, silu_mul_fuses_into
+from server.models.linear import (
+    AmxBf16WeightLinear,
+    Bf16WeightLinear,
+    Fp16WeightLinear,
+    QuantizedLinear,
+    silu_mul_fuses_into,
+)
 
 
 class OneCallDecode:
@@ -42,8 +49,8 @@ class OneCallDecode:
 
 def one_call_refusal(model: DecoderModel) -> str | None:
     """Why ``model``'s decode steps cannot take the one-call loop, or None where they can: a layer that needs what
-    only the Python loop does (biases, QK-norm, output norms, GeGLU, weights other than bf16 or fbgemm's fp16
-    ones), or another attention backend, the batch-invariant one included."""
+    only the Python loop does (biases, QK-norm, output norms, GeGLU, weights other than bf16, fbgemm's fp16
+    or C++-quantised ones), or another attention backend, the batch-invariant one included."""
     attention, config = model.attention, model.config
     if not isinstance(attention, CpuAttention):
         return f"the {attention.name} attention backend (the compiled loop runs the CPU kernels' attention)"
@@ -70,7 +77,10 @@ def build_one_call_decode(model: DecoderModel) -> OneCallDecode:
     next_norms = [layer.input_norm for layer in layers[1:]] + [model.norm]
     for layer, next_norm, table, window in zip(layers, next_norms, model.rotary, config.layer_windows, strict=True):
         attn, mlp = layer.attention, layer.mlp
-        add = compiled.add_fp16_layer if isinstance(attn.qkv, Fp16WeightLinear) else compiled.add_layer
+        if isinstance(attn.qkv, QuantizedLinear):
+            add = compiled.add_quantized_layer
+        else:
+            add = compiled.add_fp16_layer if isinstance(attn.qkv, Fp16WeightLinear) else compiled.add_layer
         add(
             _weight(attn.qkv), _weight(attn.o_proj), _weight(mlp.gate_up), _weight(mlp.down), layer.mlp_norm,
             next_norm, table.cos, table.sin, window or 0,
@@ -78,25 +88,39 @@ def build_one_call_decode(model: DecoderModel) -> OneCallDecode:
     return OneCallDecode(model, compiled)
 
 
-OneCallLinear = AmxBf16WeightLinear | Bf16WeightLinear | Fp16WeightLinear
+OneCallLinear = AmxBf16WeightLinear | Bf16WeightLinear | Fp16WeightLinear | QuantizedLinear
 
 
 def _weight(linear: OneCallLinear) -> Any:
-    """What the compiled loop multiplies by: the tile layout, the plain [out, in] matrix, or fbgemm's packing."""
+    """What the compiled loop multiplies by: the tile layout, the plain [out, in] matrix, fbgemm's packing, or the
+    quantised codes and their scales (and minimums)."""
+    if isinstance(linear, QuantizedLinear):
+        return list(linear.weight.tensors)
     return linear.weight if isinstance(linear, Bf16WeightLinear) else linear.packed
 
 
 def _out_features(linear: OneCallLinear) -> int:
+    if isinstance(linear, QuantizedLinear):
+        return linear.weight.data.shape[0]
     return linear.weight.shape[0] if isinstance(linear, Bf16WeightLinear) else linear.out_features
 
 
+def _compiled_quantized(linear: object) -> bool:
+    """A quantised layer the C++ kernels multiply (the compiled loop calls the same ones)."""
+    return isinstance(linear, QuantizedLinear) and linear.kernel_name.endswith("-cpp")
+
+
 def _layer_refusal(layer: DecoderLayer, config: ModelConfig) -> str | None:
-    """None for a llama-style layer whose four linears are bf16, or all four fbgemm's fp16, at the sizes
+    """None for a llama-style layer whose four linears are bf16, all four fbgemm's fp16, or all four quantised by
+    one method and multiplied by the C++ kernels, at the sizes
     ``config`` gives, with SwiGLU inside the gate/up kernel wherever the decoder puts it there."""
     attn, mlp = layer.attention, layer.mlp
     linears = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down)
     bf16 = all(type(linear) in (AmxBf16WeightLinear, Bf16WeightLinear) for linear in linears)
-    if not bf16 and not all(type(linear) is Fp16WeightLinear for linear in linears):
+    quantized = all(_compiled_quantized(linear) for linear in linears)
+    if quantized and len({linear.kernel_name for linear in linears}) > 1:
+        return "layers quantised by more than one method"
+    if not bf16 and not quantized and not all(type(linear) is Fp16WeightLinear for linear in linears):
         kernels = sorted({linear.kernel_name for linear in linears})
         return f"weights the compiled loop does not take ({', '.join(kernels)})"
     if isinstance(mlp.gate_up, AmxBf16WeightLinear) and not silu_mul_fuses_into(mlp.gate_up):
