@@ -244,6 +244,68 @@ void int8_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, co
 }
 #endif
 
+#ifdef VIGIL_AVX512_BF16
+// The int4 few-rows path in 16 lanes: a block's 16 bytes widen to its 32 codes in one instruction and two bit
+// operations, and the groups' minimums enter once per output and row, as their dot product with the sums of x over
+// each group. Per block it issues about half the AVX2 path's instructions, which bounded that path at one row.
+template <int64_t R>
+inline void int4_block_avx512(const uint8_t* bytes, const float* x, int64_t ldx, __m512 scale, __m512* totals) {
+  const __m512i packed = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+  const __m512i low = _mm512_set1_epi32(0x0F);
+  const __m512 c0 = _mm512_cvtepi32_ps(_mm512_and_si512(packed, low));
+  const __m512 c1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(packed, 4));
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * ldx;
+    const __m512 partial = _mm512_fmadd_ps(c1, _mm512_loadu_ps(xr + 16), _mm512_mul_ps(c0, _mm512_loadu_ps(xr)));
+    totals[r] = _mm512_fmadd_ps(partial, scale, totals[r]);
+  }
+}
+
+inline float dot_avx512(const float* a, const float* b, int64_t n) {
+  __m512 sum = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) sum = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), sum);
+  float total = _mm512_reduce_add_ps(sum);
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+template <int64_t R, typename T>
+void int4_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, const Int4Rows& w, T* yp) {
+  // Four outputs side by side, their blocks interleaved: four streams of codes in flight, as the AVX2 path found.
+  constexpr int64_t together = 4;
+  const int64_t groups = w.groups, blocks = K / kBlock, half = kBlock / 2;
+  std::vector<float> group_sums(R * groups, 0.f);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xr = xp + r * ldx + b * kBlock;
+      group_sums[r * groups + b * kBlock / w.group_size] +=
+          _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xr), _mm512_loadu_ps(xr + 16)));
+    }
+  at::parallel_for(0, N / together, 16 / together, [&](int64_t first, int64_t last) {
+    const char* end = w.codes(last * together);
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t n0 = task * together;
+      vigil::prefetch_ahead(w.codes(n0), together * K / 2, end);
+      __m512 totals[together][R];
+      for (auto& output : totals)
+        for (auto& total : output) total = _mm512_setzero_ps();
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t k = b * kBlock, group = k / w.group_size;
+        for (int64_t j = 0; j < together; ++j)
+          int4_block_avx512<R>(w.w + (n0 + j) * (K / 2) + b * half, xp + k, ldx,
+                               _mm512_set1_ps(w.scales[(n0 + j) * groups + group]), totals[j]);
+      }
+      for (int64_t j = 0; j < together; ++j)
+        for (int64_t r = 0; r < R; ++r) {
+          const float offset = dot_avx512(w.mins + (n0 + j) * groups, group_sums.data() + r * groups, groups);
+          yp[r * N + n0 + j] = static_cast<T>(_mm512_reduce_add_ps(totals[j][r]) + offset);
+        }
+    }
+  });
+}
+#endif
+
 template <typename T, typename Rows>
 void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
@@ -258,12 +320,13 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
     vigil::with_rows<kRows - 1>(
         M, [&](auto rows) {
 #ifdef VIGIL_AVX512_BF16
-          if constexpr (std::is_same_v<Rows, Int8Rows>) {
+          if constexpr (std::is_same_v<Rows, Int8Rows>)
             int8_few_rows_avx512<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp);
-            return;
-          }
-#endif
+          else
+            int4_few_rows_avx512<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp);
+#else
           few_rows_into<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp);
+#endif
         });
     return;
   }
