@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from telemetry.metrics import LATENCY_BUCKETS
+from server.config_values import LATENCY_BUCKETS
 
 SPEC = Path(__file__).resolve().with_name("slo.yml")
 # The windows that error ratios are recorded over; the burn-rate alerts pair them.
@@ -113,7 +113,7 @@ def load(path: Path = SPEC) -> list[SLO]:
             if float(latency["threshold_seconds"]) not in LATENCY_BUCKETS:
                 raise ValueError(
                     f"{entry['name']}: threshold_seconds {latency['threshold_seconds']} is not a bucket boundary "
-                    "of LATENCY_BUCKETS (telemetry/metrics.py), so good events could not be counted exactly"
+                    "of LATENCY_BUCKETS (server/config_values.py), so good events could not be counted exactly"
                 )
             slos.append(SLO(**common, window=window, histogram=latency["histogram"],
                             threshold_seconds=float(latency["threshold_seconds"])))  # fmt: skip

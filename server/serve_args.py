@@ -3,9 +3,8 @@
 import argparse
 from pathlib import Path
 
-from server.api.tool_parsers import TOOL_PARSERS
 from server.config import JWTConfig, ServerConfig, TLSConfig, parse_bytes
-from telemetry.metrics import LATENCY_BUCKETS, SLO_LATENCY_THRESHOLDS_S
+from server.config_values import LATENCY_BUCKETS, SLO_LATENCY_THRESHOLDS_S, TOOL_PARSER_NAMES
 
 API_KEYS_ENV = "VIGIL_API_KEYS"
 
@@ -41,7 +40,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--agent-port", type=int, default=None,
                        help="answer HAProxy's agent check on this TCP port: a weight from the queue and KV usage, "
                             "drain while draining, down while not ready (docs/fleet.md)")
-    group.add_argument("--tool-call-parser", default=defaults.tool_call_parser, choices=sorted(TOOL_PARSERS),
+    group.add_argument("--tool-call-parser", default=defaults.tool_call_parser, choices=sorted(TOOL_PARSER_NAMES),
                        help="the format the model writes tool calls in, for tool_choice auto")
     _add_auth_args(parser)
     _add_tls_args(parser)

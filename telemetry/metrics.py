@@ -5,13 +5,8 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import REGISTRY
 
-LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
-    5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
-)
-# The latency SLOs' thresholds (alerts/slo.yml): each must be a bucket boundary, or the SLO's recording rules and
-# burn-rate pages see no slow request. tests/test_slo.py keeps the two in step.
-SLO_LATENCY_THRESHOLDS_S = (0.5, 2.0)
+from server.config_values import LATENCY_BUCKETS
+
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(10))
 TOKEN_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SPEED_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000)

@@ -19,6 +19,13 @@ FORBIDDEN = {
     "server/distributed": ("server.api", "telemetry", "prometheus_client", "opentelemetry", "structlog", "fastapi"),
 }
 
+# The configuration layer (flags -> EngineConfig / ServerConfig) sits below everything it configures: these files
+# may import the standard library and each other, nothing that serves, measures or computes.
+CONFIG_LAYER = ("server/config.py", "server/config_values.py", "server/engine_args.py", "server/serve_args.py",
+                "server/serve_models.py", "server/bench/serve/options.py", "server/bench/routing_options.py")
+CONFIG_LAYER_FORBIDS = ("server.api", "server.engine", "server.models", "server.distributed", "server.llm",
+                        "telemetry", "kernels", "torch", "prometheus_client", "fastapi")
+
 
 def imported_modules(path: Path) -> set[str]:
     names = set()
@@ -41,6 +48,13 @@ def test_no_room_imports_what_the_house_rules_forbid(room):
         if any(name == prefix or name.startswith(prefix + ".") for prefix in FORBIDDEN[room])
     ]
     assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("module", CONFIG_LAYER)
+def test_the_config_layer_imports_nothing_above_it(module):
+    broken = [name for name in sorted(imported_modules(ROOT / module))
+              if any(name == prefix or name.startswith(prefix + ".") for prefix in CONFIG_LAYER_FORBIDS)]
+    assert not broken, f"{module} imports {', '.join(broken)}"
 
 
 PACKAGES = ("server", "kernels", "telemetry")
@@ -141,8 +155,10 @@ def test_the_cycle_check_sees_a_cycle_hidden_in_a_lazy_or_type_checking_import(t
 
 def test_the_load_tester_and_the_configs_load_neither_torch_nor_the_engine():
     probe = (
-        "import sys; import server, server.config, server.bench.serve.cli, server.api.protocol; "
-        "print(sorted(m for m in ('torch', 'server.engine.engine', 'server.llm') if m in sys.modules))"
+        "import sys; import server, server.config, server.engine_args, server.serve_args, server.serve_models, "
+        "server.bench.serve.cli, server.bench.routing_options, server.api.protocol; "
+        "print(sorted(m for m in ('torch', 'server.engine.engine', 'server.llm', 'telemetry', 'server.api.app') "
+        "if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"

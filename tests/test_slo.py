@@ -11,7 +11,8 @@ from dashboard_queries import ROOT, alert_rules, load_dashboards, panels
 from prometheus_client import CollectorRegistry, generate_latest
 
 from alerts.slo import BURN_RATE_ALERTS, WINDOWS, burn_rate, load
-from telemetry.metrics import LATENCY_BUCKETS, SLO_LATENCY_THRESHOLDS_S, VigilMetrics
+from server.config_values import LATENCY_BUCKETS, SLO_LATENCY_THRESHOLDS_S
+from telemetry.metrics import VigilMetrics
 
 RULES = ROOT / "alerts/rules/slo.yml"
 SLOS = {slo.name: slo for slo in load()}

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from server.api.tool_parsers import TOOL_PARSERS, ParsedText, ParsedToolCall
+from server.config_values import TOOL_PARSER_NAMES
 
 PARSER = TOOL_PARSERS["hermes"]()
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
@@ -51,3 +52,7 @@ def test_calls_and_results_are_written_back_in_the_same_format():
     assert PARSER.extract(written).tool_calls == [WEATHER]
     assert "<tool_response>" in PARSER.format_result("18 C")
     assert '"name": "get_weather"' in PARSER.tools_prompt([{"type": "function", "function": {"name": "get_weather"}}])
+
+
+def test_the_flag_offers_exactly_the_parsers_there_are():
+    assert sorted(TOOL_PARSERS) == sorted(TOOL_PARSER_NAMES)
