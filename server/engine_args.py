@@ -77,9 +77,11 @@ def _speculative_config(text: str) -> SpeculativeConfig:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """Every EngineConfig field from the flag of the same name."""
-    return EngineConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(EngineConfig)})
+def engine_config_from_args(args: argparse.Namespace, **overrides: object) -> EngineConfig:
+    """Every EngineConfig field from the flag of the same name, but those in ``overrides`` (one model's own
+    settings when serving several): the one way flags become an EngineConfig."""
+    flags = {field.name: getattr(args, field.name) for field in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**{**flags, **overrides})
 
 
 def engine_flags(config: EngineConfig) -> list[str]:

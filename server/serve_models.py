@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from server.config import EngineConfig, ServerConfig, parse_bytes
+from server.engine_args import engine_config_from_args
 
 
 @dataclass(frozen=True)
@@ -51,22 +52,21 @@ class ServedModels:
 
 def served_models_from_args(args: argparse.Namespace) -> ServedModels:
     """Raises ValueError, with a message for the user, for flags that do not fit together or a bad config file."""
-    defaults = {field.name: getattr(args, field.name) for field in dataclasses.fields(EngineConfig)
-                if field.name != "model"}
     paths: list[str | None] = args.model or [None]
     names: list[str] = args.served_model_name or []
     if args.model_config is not None:
         if args.model or names:
             raise ValueError("give the models either with --model/--served-model-name or in --model-config, not both")
-        return _from_file(Path(args.model_config), defaults)
+        return _from_file(Path(args.model_config), args)
     if len(names) > len(paths):
         raise ValueError(f"{len(names)} --served-model-name for {len(paths)} --model: give one name per model")
     names += [path or ServerConfig.served_model_name for path in paths[len(names):]]
-    models = [ModelSpec(name, EngineConfig(model=path, **defaults)) for name, path in zip(names, paths, strict=True)]
+    models = [ModelSpec(name, engine_config_from_args(args, model=path))
+              for name, path in zip(names, paths, strict=True)]
     return _checked(ServedModels(models, []))
 
 
-def _from_file(path: Path, defaults: dict[str, Any]) -> ServedModels:
+def _from_file(path: Path, args: argparse.Namespace) -> ServedModels:
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:
@@ -74,12 +74,12 @@ def _from_file(path: Path, defaults: dict[str, Any]) -> ServedModels:
     unknown = set(raw) - {"model", "alias"}
     if unknown or not raw.get("model"):
         raise ValueError(f"--model-config {path}: give [[model]] tables (and optionally [[alias]] tables)")
-    models = [_model_spec(table, defaults, path) for table in raw["model"]]
+    models = [_model_spec(table, args, path) for table in raw["model"]]
     aliases = [_alias_spec(table, path) for table in raw.get("alias", [])]
     return _checked(ServedModels(models, aliases))
 
 
-def _model_spec(table: dict[str, Any], defaults: dict[str, Any], path: Path) -> ModelSpec:
+def _model_spec(table: dict[str, Any], args: argparse.Namespace, path: Path) -> ModelSpec:
     settings = dict(table)
     name = settings.pop("name", None)
     if not name or "model" not in settings:
@@ -89,7 +89,7 @@ def _model_spec(table: dict[str, Any], defaults: dict[str, Any], path: Path) -> 
         raise ValueError(f"--model-config {path}: model {name!r} has unknown settings {', '.join(sorted(unknown))}")
     if "kv_cache_memory" in settings:
         settings["kv_cache_memory"] = parse_bytes(settings["kv_cache_memory"])
-    return ModelSpec(name, EngineConfig(**{**defaults, **settings}))
+    return ModelSpec(name, engine_config_from_args(args, **settings))
 
 
 def _alias_spec(table: dict[str, Any], path: Path) -> AliasSpec:
