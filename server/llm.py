@@ -1,8 +1,11 @@
 """The offline API, in vLLM's style: ``LLM(...).generate(prompts, SamplingParams(...))``."""
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import replace
+
+import torch
 
 from server.config import EngineConfig
 from server.engine.builder import build_engine
@@ -10,10 +13,49 @@ from server.engine.request import RequestOutput, SamplingParams
 
 Prompt = str | list[int]
 
+# vLLM's LLM arguments that mean nothing here, taken and dropped whatever their value: Vigil runs no model code
+# from a checkpoint, picks its own tokenizer loader, captures no CUDA graphs, never swaps KV blocks to the CPU
+# (a preempted request is recomputed), always chunks prefills and has no custom all-reduce or async output step.
+IGNORED_VLLM_ARGUMENTS = frozenset({
+    "trust_remote_code", "tokenizer_mode", "enforce_eager", "swap_space", "max_seq_len_to_capture",
+    "disable_custom_all_reduce", "disable_async_output_proc", "disable_log_stats", "enable_chunked_prefill",
+    "compilation_config", "allowed_local_media_path", "hf_token",
+})
+# vLLM's LLM arguments that would change the result, taken only at the value that means "as Vigil does anyway";
+# any other value is a ValueError naming the argument.
+NEUTRAL_VLLM_ARGUMENTS: dict[str, tuple[object, ...]] = {
+    "tokenizer": (None,),  # also the model's own folder, checked in LLM.__init__
+    "revision": (None,),
+    "tokenizer_revision": (None,),
+    "skip_tokenizer_init": (False,),
+    "cpu_offload_gb": (0, 0.0),
+    "hf_overrides": (None, {}),
+}
+_ENGINE_FIELDS = frozenset(field.name for field in dataclasses.fields(EngineConfig))
+
 
 class LLM:
-    def __init__(self, model: str | None = None, **engine_args: object) -> None:
-        self.engine = build_engine(EngineConfig(model=model, **engine_args))
+    def __init__(self, model: str | None = None, seed: int | None = None, **engine_args: object) -> None:
+        """``model`` and every EngineConfig field, in the shapes vLLM's ``LLM`` takes them; ``seed`` seeds the
+        generator that unseeded requests sample with, as in vLLM; vLLM's other arguments as listed above."""
+        settings = {}
+        for name, value in engine_args.items():
+            if name in _ENGINE_FIELDS:
+                settings[name] = value
+            elif name == "tokenizer" and value is not None and value == model:
+                continue
+            elif name in NEUTRAL_VLLM_ARGUMENTS:
+                if value not in NEUTRAL_VLLM_ARGUMENTS[name]:
+                    also = " or the model's own path (the tokenizer is read from it)" if name == "tokenizer" else ""
+                    raise ValueError(f"{name}={value!r} is not supported: Vigil takes only "
+                                     f"{' or '.join(repr(v) for v in NEUTRAL_VLLM_ARGUMENTS[name])}{also}")
+            elif name not in IGNORED_VLLM_ARGUMENTS:
+                raise ValueError(f"LLM() has no argument {name!r}")
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ValueError(f"seed must be an integer, not {seed!r}")
+            torch.manual_seed(seed)
+        self.engine = build_engine(EngineConfig(model=model, **settings))
         self._ids = itertools.count()
 
     @property
