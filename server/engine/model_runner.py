@@ -69,20 +69,19 @@ class ModelRunner:
         scheduled = output.scheduled
         result = ModelRunnerOutput([[] for _ in scheduled], [None] * len(scheduled),
                                    self._prompt_logprobs(output, hidden))
-        plain = [i for i, s in enumerate(scheduled) if s.samples and not s.spec_token_ids]
-        if plain:
-            rows = torch.tensor([last_rows[i] for i in plain], dtype=torch.long, device=self.device)
-            requests = [scheduled[i].request for i in plain]
-            sampled = self.sampler.sample(self.model.compute_logits(hidden[rows]), requests)
-            for i, token, logprobs in zip(plain, sampled.tokens, sampled.logprobs, strict=True):
-                result.sampled[i], result.logprobs[i] = [token], logprobs
-        for i, item in enumerate(scheduled):
-            if item.spec_token_ids:
-                # The rows of the last known token and of each guess: the target's next token after 0..k guesses.
-                first = last_rows[i] - len(item.spec_token_ids)
-                logits = self.model.compute_logits(hidden[first : last_rows[i] + 1])
-                result.sampled[i] = self.sampler.check_guesses(logits, item.request, list(item.spec_token_ids))
-                result.accepted_lengths.append(len(result.sampled[i]) - 1)
+        # One logits call and one sampler pass for the step: a request's last row, and with guesses the rows of its
+        # last known token and of each guess (the target's next token after 0..k guesses).
+        sampling = [i for i, s in enumerate(scheduled) if s.samples or s.spec_token_ids]
+        if sampling:
+            rows = [row for i in sampling
+                    for row in range(last_rows[i] - len(scheduled[i].spec_token_ids), last_rows[i] + 1)]
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=self.device)])
+            step = self.sampler.sample_step(logits, [scheduled[i].request for i in sampling],
+                                            [list(scheduled[i].spec_token_ids) for i in sampling])
+            for i, tokens, logprobs in zip(sampling, step.appended, step.logprobs, strict=True):
+                result.sampled[i], result.logprobs[i] = tokens, logprobs
+                if scheduled[i].spec_token_ids:
+                    result.accepted_lengths.append(len(tokens) - 1)
         return result
 
     def _prompt_logprobs(self, output: SchedulerOutput, hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
