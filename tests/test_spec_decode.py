@@ -18,8 +18,12 @@ def test_the_longest_recent_match_proposes_what_followed_it():
     assert proposer.propose([5, 6, 9, 7, 6]) == [9, 7, 6]
     assert proposer.propose([1, 2, 3]) == []
     assert proposer.propose([4]) == []
-    # A match at the very end of the history proposes what is there, however short.
-    assert proposer.propose([3, 3]) == [3]
+    # A copy that reaches the end of the history goes on with what it has copied, as a loop would.
+    assert proposer.propose([3, 3]) == [3, 3, 3]
+    assert proposer.propose([1, 2, 9, 1, 2]) == [9, 1, 2]
+    assert NgramProposer(num_tokens=5, min_n=2, max_n=2).propose([1, 2, 9, 1, 2]) == [9, 1, 2, 9, 1]
+    # Fewer guesses when asked for fewer.
+    assert proposer.propose([1, 2, 3, 4, 5, 1, 2, 3], 1) == [4]
 
 
 def test_greedy_verification_keeps_the_drafts_the_target_agrees_with_then_adds_its_own():

@@ -17,7 +17,9 @@ class NgramProposer:
     min_n: int = 1
     max_n: int = 3
 
-    def propose(self, token_ids: Sequence[int]) -> list[int]:
+    def propose(self, token_ids: Sequence[int], num_tokens: int | None = None) -> list[int]:
+        """``num_tokens`` guesses at most, or the proposer's own number."""
+        wanted = self.num_tokens if num_tokens is None else num_tokens
         context = np.asarray(token_ids, dtype=np.int64)
         length = len(context)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
@@ -26,6 +28,12 @@ class NgramProposer:
             windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
             starts = np.flatnonzero((windows == suffix).all(axis=1))
             if len(starts):
-                follow = int(starts[-1]) + n
-                return context[follow : follow + self.num_tokens].tolist()
+                return _copy_on(context, int(starts[-1]) + n, wanted)
         return []
+
+
+def _copy_on(context: np.ndarray, follow: int, count: int) -> list[int]:
+    """``count`` tokens copied from ``follow`` on. A copy that reaches the end of the context goes on with what it
+    has just copied, as a loop would: in ``a b c a b`` the match of ``a b`` proposes ``c a b c ...``."""
+    period = len(context) - follow
+    return [int(context[follow + i % period]) for i in range(count)]
