@@ -19,7 +19,7 @@ from server.engine.request import (
     SamplingParams,
 )
 from server.engine.scheduler import Scheduler, SchedulerOutput
-from server.engine.spec_decode.proposers import can_speculate, proposer_for
+from server.engine.spec_decode.proposers import can_speculate, draft_policy_for, proposer_for
 from server.engine.stats import CacheInfo, EngineInfo, FinishedRequestStats, RequestEvent, StepStats
 from server.models.config import ModelConfig
 from server.models.tokenizer import Tokenizer
@@ -53,6 +53,7 @@ class LLMEngine:
         self.model_flops = ModelFlops.of(model_config)
         self.requests: dict[str, Request] = {}
         self.proposer = proposer_for(config.speculative_config)
+        self.draft_policy = draft_policy_for(config.speculative_config)
         self.stats_listeners: list[StatsListener] = []
         self._pending_events: list[RequestEvent] = []
         self._pending_finished: list[FinishedRequestStats] = []
@@ -176,7 +177,10 @@ class LLMEngine:
             inter_token_latencies = self._stamp_tokens([request for request, _ in received])
             outputs = [self._process(request, count) for request, count in received]
             if self.proposer is not None:
+                self._learn(scheduled, ran.sampled)
                 self._propose(request for request, _ in received)
+                if all(item.is_decode for item in scheduled.scheduled):
+                    self.draft_policy.step_times.observe(scheduled.num_scheduled_tokens, time.monotonic() - started)
         if self.stats_listeners and (not scheduled.is_empty or self._pending_finished):
             stats = self._step_stats(scheduled, received, inter_token_latencies, accepted_lengths, started)
             for listener in self.stats_listeners:
@@ -209,13 +213,25 @@ class LLMEngine:
             times.last_token = now
         return inter_token_latencies
 
+    def _learn(self, scheduled: SchedulerOutput, sampled: list[list[int]]) -> None:
+        """Each request's guesses kept this step (all but its last new token), for the draft policy."""
+        for item, tokens in zip(scheduled.scheduled, sampled, strict=True):
+            if item.spec_token_ids:
+                self.draft_policy.observe_verification(item.request.request_id, len(item.spec_token_ids),
+                                                       len(tokens) - 1)
+
     def _propose(self, requests: Iterable[Request]) -> None:
-        """Guesses at each running request's next tokens, for the next step to check; never past its limits."""
+        """Guesses at each running request's next tokens, for the next step to check: as many as the draft policy
+        expects to pay, never past the request's limits."""
+        self.draft_policy.start_step(len(self.scheduler.running))
         for request in requests:
             if request.status != RequestStatus.RUNNING or not can_speculate(request):
                 continue
             room = min(request.max_tokens - len(request.output_token_ids), self.max_model_len - request.num_tokens)
-            request.spec_token_ids = self.proposer.propose(request.all_token_ids)[: room - 1]
+            wanted = self.draft_policy.num_guesses(request.request_id, room - 1)
+            if wanted:
+                request.spec_token_ids = self.proposer.propose(request.all_token_ids, wanted)
+                self.draft_policy.proposed(request.request_id, len(request.spec_token_ids))
 
     def _process(self, request: Request, num_new_tokens: int) -> RequestOutput:
         """Detokenize the request's newest tokens, one at a time: a stop string ends it at the token that
@@ -239,6 +255,8 @@ class LLMEngine:
 
     def _retire(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
+        if self.draft_policy is not None:
+            self.draft_policy.forget(request.request_id)
         self.output_processor.remove_request(request.request_id)
         if self.stats_listeners and not request.internal:
             self._pending_finished.append(finished_stats(request))

@@ -1,7 +1,8 @@
-"""Which proposer a configuration asks for, and which requests speculation can serve exactly."""
+"""Which proposer and draft policy a configuration asks for, and which requests speculation can serve exactly."""
 
 from server.config import SpeculativeConfig
 from server.engine.request import Request
+from server.engine.spec_decode.draft_length import DraftPolicy
 from server.engine.spec_decode.ngram import NgramProposer
 
 
@@ -9,6 +10,11 @@ def proposer_for(config: SpeculativeConfig | None) -> NgramProposer | None:
     if config is None:
         return None
     return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+def draft_policy_for(config: SpeculativeConfig | None) -> DraftPolicy | None:
+    """Up to ``num_speculative_tokens`` guesses a request, as many as pay."""
+    return None if config is None else DraftPolicy(config.num_speculative_tokens)
 
 
 def can_speculate(request: Request) -> bool:
