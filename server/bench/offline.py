@@ -35,10 +35,11 @@ def random_prompts(num: int, length: int, vocab_size: int, seed: int) -> list[li
     return torch.randint(1000, vocab_size, (num, length), generator=generator).tolist()
 
 
-def run_engine(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> tuple[Throughput, list[list[int]]]:
-    """Every prompt to ``output_len`` greedy tokens in one continuous batch: the throughput, and each request's
-    tokens, prompt and output, in the order the requests finished."""
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+def run_engine(engine: LLMEngine, prompts: list[list[int]], output_len: int,
+               temperature: float = 0.0) -> tuple[Throughput, list[list[int]]]:
+    """Every prompt to ``output_len`` tokens (greedy, or sampled at ``temperature``) in one continuous batch: the
+    throughput, and each request's tokens, prompt and output, in the order the requests finished."""
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
     started = time.perf_counter()
     for index, prompt in enumerate(prompts):
         engine.add_request(engine.make_request(f"bench-{started}-{index}", prompt, params))
@@ -52,8 +53,8 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> 
     return Throughput("vigil engine", produced, time.perf_counter() - started), sequences
 
 
-def time_engine(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> Throughput:
-    return run_engine(engine, prompts, output_len)[0]
+def time_engine(engine: LLMEngine, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> Throughput:
+    return run_engine(engine, prompts, output_len, temperature)[0]
 
 
 def time_block_hashing(sequences: list[list[int]], block_size: int) -> Timed:

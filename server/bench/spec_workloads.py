@@ -1,5 +1,9 @@
 """Prompts for speculative decoding's benchmark and tests: work that repeats its context (edit a paragraph, refactor
-code), where n-gram guesses should win, beside the random workload, where they should cost little."""
+code), where n-gram guesses should win, beside the random workloads, where they should cost little."""
+
+# The random-text workload samples at this temperature: greedy decoding after random prompts falls into
+# loops that n-gram guesses win on, sampled text does not repeat.
+RANDOM_TEXT_TEMPERATURE = 1.0
 
 PARAGRAPH = (
     "The harbour wakes before the town. At five the first boats slip their moorings, their engines coughing in the "
