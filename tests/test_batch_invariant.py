@@ -91,9 +91,11 @@ def test_attention_gives_a_sequence_the_same_bits_alone_chunked_decoding_or_besi
     assert torch.equal(last, whole[-1:])
 
 
-def _others(count: int, rng: random.Random) -> tuple[list[str], list[SamplingParams]]:
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 120))) for _ in range(count)]
-    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=rng.randint(4, 32)) for i in range(count)]
+def _others(
+    count: int, rng: random.Random, words: int = 120, tokens: int = 32
+) -> tuple[list[str], list[SamplingParams]]:
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(10, words))) for _ in range(count)]
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=rng.randint(4, tokens)) for i in range(count)]
     return prompts, params
 
 
@@ -131,18 +133,27 @@ REPETITIVE = ("The list: apples, pears, plums, apples, pears, plums, apples, pea
 @needs_compiler
 @pytest.mark.slow
 def test_greedy_and_seeded_tokens_are_the_same_with_n_gram_speculation_in_bf16(smollm_folder) -> None:
-    """The third check: speculation verifies guesses in chunks of several tokens, and a seeded token is drawn as
-    plain decoding draws it at that position. Without the mode, bf16 greedy parted at token 8 here."""
-    plain = LLM(smollm_folder, dtype="bfloat16", batch_invariant=True, kv_cache_memory=256 * 2**20)
-    speculative = LLM(smollm_folder, dtype="bfloat16", batch_invariant=True, kv_cache_memory=256 * 2**20,
-                      speculative_config={"method": "ngram", "num_speculative_tokens": 4})
-    guesses: list[int] = []
-    speculative.engine.stats_listeners.append(lambda stats: guesses.append(stats.num_accepted_tokens))
-    for params in (SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True),
+    """The third check: speculation verifies guesses in chunks of several tokens (the prefill attention path, and
+    several rows a request through the GEMMs and the logits), and a seeded token is drawn as plain decoding draws
+    it at that position. The request speculates alone and in the middle of 63 others that speculate too. Without
+    the mode, bf16 greedy parted at token 8 here."""
+    memory = 512 * 2**20
+    plain = LLM(smollm_folder, dtype="bfloat16", batch_invariant=True, kv_cache_memory=memory)
+    speculative = LLM(smollm_folder, dtype="bfloat16", batch_invariant=True, kv_cache_memory=memory,
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4})
+    kept: list[int] = []
+    speculative.engine.stats_listeners.append(lambda stats: kept.append(stats.num_accepted_tokens))
+    prompts, params = _others(63, random.Random(63), words=40, tokens=24)
+    for wanted in (SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True),
                    SamplingParams(temperature=0.8, seed=7, max_tokens=64, ignore_eos=True)):
-        [alone], [verified] = plain.generate(REPETITIVE, params), speculative.generate(REPETITIVE, params)
-        assert verified.outputs[0].token_ids == alone.outputs[0].token_ids, params
-    assert sum(guesses) > 8, "speculation must have kept guesses for this to test anything"
+        [alone] = plain.generate(REPETITIVE, wanted)
+        [verified] = speculative.generate(REPETITIVE, wanted)
+        assert verified.outputs[0].token_ids == alone.outputs[0].token_ids, wanted
+        before = sum(kept)
+        batch = speculative.generate(prompts[:31] + [REPETITIVE] + prompts[31:], params[:31] + [wanted] + params[31:])
+        assert batch[31].outputs[0].token_ids == alone.outputs[0].token_ids, wanted
+        assert sum(kept) > before, "speculation must have kept guesses in the batch for this to test anything"
+    assert sum(kept) > 16
 
 
 def test_batch_invariant_mode_refuses_quantized_weights() -> None:
