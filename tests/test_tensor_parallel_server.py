@@ -119,5 +119,5 @@ def test_torchrun_starts_the_ranks_and_generates_what_one_process_does(tiny_fold
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "server"]
     two = subprocess.run([*torchrun, *args, "--tensor-parallel-size", "2"], capture_output=True, text=True,
                          timeout=300, check=True, env=env, cwd=ROOT)
-    assert "tensor parallel size 2" in two.stderr
+    assert "tensor parallel size: 2" in two.stderr
     assert two.stdout == one.stdout and "The capital of France is" in one.stdout
