@@ -82,6 +82,7 @@ echo "gpu_check on $DEVICE; logs in $OUT"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 step kernels 300 '^target|FAIL|^device' "$PY" -m gpu_check.kernels_gpu "${KERNELS[@]}"
 step engine 240 '^(PASS|FAIL) greedy' "$PY" -m gpu_check.engine_gpu --device "$DEVICE"
+step decode-graphs 150 '^speed|^FAIL|^SKIP' "$PY" -m gpu_check.decode_graphs_gpu --device "$DEVICE"
 # The API tests start their own server with --device auto: the GPU on a CUDA machine.
 step api 300 'passed|failed|error' env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider "${API_TESTS[@]}"
 step metrics 180 '^(FAIL|SKIP|PASS) gpu|^SKIP' "$PY" -m gpu_check.server_gpu --device "$DEVICE"

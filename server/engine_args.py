@@ -65,8 +65,10 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
                             "quantization; slower, see docs/api.md)")
     group.add_argument("--decode-path", choices=DECODE_PATHS, default="auto",
                        help="how decode steps run: one-call (every layer in one compiled call, where the model and "
-                            "kernels allow), layer-loop (the Python loop over the layers), or auto (one-call "
-                            "wherever it can); --print-plan shows the choice")
+                            "CPU kernels allow), cuda-graphs (the layer loop captured in a CUDA graph per batch size "
+                            "at start and replayed; CUDA, one process), layer-loop (the Python loop over the "
+                            "layers), or auto (one-call wherever it can, else layer-loop); --print-plan shows the "
+                            "choice")
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
 
 

@@ -14,7 +14,8 @@ from server.engine.request import RequestOutput, SamplingParams
 Prompt = str | list[int]
 
 # vLLM's LLM arguments that mean nothing here, taken and dropped whatever their value: Vigil runs no model code
-# from a checkpoint, picks its own tokenizer loader, captures no CUDA graphs, never swaps KV blocks to the CPU
+# from a checkpoint, picks its own tokenizer loader, captures CUDA graphs only with decode_path="cuda-graphs" (so
+# enforce_eager and max_seq_len_to_capture have nothing to say), never swaps KV blocks to the CPU
 # (a preempted request is recomputed), always chunks prefills and has no custom all-reduce or async output step.
 IGNORED_VLLM_ARGUMENTS = frozenset({
     "trust_remote_code", "tokenizer_mode", "enforce_eager", "swap_space", "max_seq_len_to_capture",

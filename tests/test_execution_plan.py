@@ -34,6 +34,7 @@ def assert_plan_is_what_runs(llm: LLM, decode_path: str) -> None:
     plan = engine.runner.plan
     assert plan.decode_path == decode_path
     assert (engine.runner.one_call is not None) == (decode_path == "one-call")
+    assert engine.runner.decode_graphs is None and plan.decode_graph_sizes == ()
     # vigil_engine_config_info's labels come from EngineInfo: the plan's.
     assert (engine.info.decode_path, engine.info.linear_kernels) == (plan.decode_path, plan.linear_kernel_summary)
     assert engine.info.attention_backend == plan.attention
@@ -99,3 +100,8 @@ def test_print_plan_prints_the_plan_that_runs_and_serves_nothing(smollm_folder):
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines()[-1].startswith("vigil serve: ")
     assert "--decode-path one-call cannot run this model here" in refused.stderr
+    no_graphs = serve("--model", str(smollm_folder), "--decode-path", "cuda-graphs", "--kv-cache-memory", "32MiB")
+    assert no_graphs.returncode == 2
+    assert no_graphs.stderr.strip().splitlines()[-1] == (
+        "vigil serve: error: --decode-path cuda-graphs cannot run here: CUDA graphs need a CUDA device; this engine "
+        "runs on cpu")

@@ -11,7 +11,8 @@ import pytest
 
 from tests.api_server import ROOT
 
-STEPS = ("kernels", "engine", "api", "metrics", "offline-64", "offline-256", "serve-64", "tensor-parallel")
+STEPS = ("kernels", "engine", "decode-graphs", "api", "metrics", "offline-64", "offline-256", "serve-64",
+         "tensor-parallel")
 
 
 def run_check(tmp_path, **env: str) -> subprocess.CompletedProcess:

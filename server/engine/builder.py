@@ -60,14 +60,15 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     )
     cpu_kernels = cpu.variant_name() if device.type == "cpu" else "none"
     plan, one_call = plan_execution(model, config.decode_path, dtype_name(kv_dtype), cpu_kernels,
-                                    config.tensor_parallel_size)
+                                    config.tensor_parallel_size, config.max_num_seqs)
     logger.info(
         "KV cache: %d blocks of %d tokens (%.1f MiB) in %s on %s; compute %s, weights %s",
         num_blocks, config.block_size, cache_info.total_bytes / 2**20, kv_dtype, device, dtype, weight_dtype,
     )
     for line in plan.describe():
         logger.info("execution plan: %s", line)
-    runner = ModelRunner(model, plan, one_call, num_blocks, config.block_size, kv_dtype, device)
+    max_blocks_per_seq = -(-max_model_len // config.block_size)
+    runner = ModelRunner(model, plan, one_call, num_blocks, config.block_size, max_blocks_per_seq, kv_dtype, device)
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(
         SchedulerConfig(

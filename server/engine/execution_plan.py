@@ -6,6 +6,7 @@ carries it; the model runner executes it."""
 from dataclasses import dataclass
 
 from server.config import DECODE_PATHS
+from server.engine.decode_graphs import graph_batch_sizes
 from server.models.decoder import DecoderModel
 from server.models.interface import Model
 from server.models.one_call_decode import OneCallDecode, build_one_call_decode, one_call_refusal
@@ -13,8 +14,10 @@ from server.models.one_call_decode import OneCallDecode, build_one_call_decode, 
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    decode_path: str  # "one-call": a decode step's layers in one compiled call; "layer-loop": the Python loop
+    decode_path: str  # "one-call": a decode step's layers in one compiled call; "cuda-graphs": the layer loop
+    # captured in a CUDA graph per batch size and replayed; "layer-loop": the Python loop
     decode_path_reason: str
+    decode_graph_sizes: tuple[int, ...]  # the batch sizes captured under "cuda-graphs"; empty otherwise
     attention: str  # the attention backend: "cpu", "cpu-batch-invariant", "triton" or "torch"
     layer_ops: str  # norms, rotary, activation: "cpu", "triton" or "torch"
     linear_kernels: dict[str, str]  # each kind of weight matrix and the kernel that multiplies by it
@@ -32,8 +35,9 @@ class ExecutionPlan:
         return ",".join(f"{kind}={kernel}" for kind, kernel in self.linear_kernels.items())
 
     def describe(self) -> list[str]:
+        graphs = f" over batch sizes {', '.join(map(str, self.decode_graph_sizes))}" if self.decode_graph_sizes else ""
         return [
-            f"decode path: {self.decode_path} ({self.decode_path_reason})",
+            f"decode path: {self.decode_path} ({self.decode_path_reason}){graphs}",
             f"attention: {self.attention}; layer ops: {self.layer_ops}; KV cache: {self.kv_cache_dtype}",
             "linear kernels: " + ", ".join(f"{kind} {kernel}" for kind, kernel in self.linear_kernels.items()),
             f"sampler: greedy rows by the {self.sampler} argmax, sampled rows by torch",
@@ -42,11 +46,17 @@ class ExecutionPlan:
 
 
 def plan_execution(model: Model, decode_path: str, kv_cache_dtype: str, cpu_kernels: str,
-                   tensor_parallel_size: int) -> tuple[ExecutionPlan, OneCallDecode | None]:
+                   tensor_parallel_size: int, max_num_seqs: int) -> tuple[ExecutionPlan, OneCallDecode | None]:
     """The plan for ``model`` as loaded, and the compiled decode loop where the plan takes it. ``decode_path``
-    "auto" takes the one-call loop wherever it can run; "one-call" raises ValueError where it cannot."""
+    "auto" takes the one-call loop wherever it can run; "one-call" and "cuda-graphs" raise ValueError where they
+    cannot."""
     if decode_path not in DECODE_PATHS:
         raise ValueError(f"decode path {decode_path!r}: choose one of {', '.join(DECODE_PATHS)}")
+    if decode_path == "cuda-graphs":
+        if refusal := cuda_graphs_refusal(model, tensor_parallel_size):
+            raise ValueError(f"--decode-path cuda-graphs cannot run here: {refusal}")
+        return _plan(model, "cuda-graphs", "chosen with --decode-path cuda-graphs", kv_cache_dtype, cpu_kernels,
+                     tensor_parallel_size, graph_batch_sizes(max_num_seqs)), None
     if not isinstance(model, DecoderModel):
         refusal = "tensor parallelism: the compiled loop has no all-reduce between layers"
     else:
@@ -61,9 +71,25 @@ def plan_execution(model: Model, decode_path: str, kv_cache_dtype: str, cpu_kern
     else:
         path, reason = "one-call", "every layer is llama-style over weights the compiled loop takes"
         one_call = build_one_call_decode(model)
-    plan = ExecutionPlan(
-        decode_path=path, decode_path_reason=reason, attention=model.attention.name, layer_ops=model.layer_ops.name,
-        linear_kernels=model.linear_kernels(), kv_cache_dtype=kv_cache_dtype, sampler=model.layer_ops.name,
-        cpu_kernels=cpu_kernels, tensor_parallel_size=tensor_parallel_size,
+    return _plan(model, path, reason, kv_cache_dtype, cpu_kernels, tensor_parallel_size, ()), one_call
+
+
+def cuda_graphs_refusal(model: Model, tensor_parallel_size: int) -> str | None:
+    """Why decode steps cannot be captured in CUDA graphs here, or None where they can."""
+    device = model.attention.device
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device; this engine runs on {device.type}"
+    if tensor_parallel_size > 1:
+        return "tensor parallelism: the workers' forward passes are not captured"
+    if model.attention.name != "triton":
+        return f"the {model.attention.name} attention backend is not captured; the triton one is"
+    return None
+
+
+def _plan(model: Model, path: str, reason: str, kv_cache_dtype: str, cpu_kernels: str, tensor_parallel_size: int,
+          graph_sizes: tuple[int, ...]) -> ExecutionPlan:
+    return ExecutionPlan(
+        decode_path=path, decode_path_reason=reason, decode_graph_sizes=graph_sizes, attention=model.attention.name,
+        layer_ops=model.layer_ops.name, linear_kernels=model.linear_kernels(), kv_cache_dtype=kv_cache_dtype,
+        sampler=model.layer_ops.name, cpu_kernels=cpu_kernels, tensor_parallel_size=tensor_parallel_size,
     )
-    return plan, one_call

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.backend import AttentionBatch, AttentionMetadata
+from kernels.backend import AttentionBatch
+from server.engine.decode_graphs import DecodeGraphs
 from server.engine.execution_plan import ExecutionPlan
 from server.engine.kv_pool import allocate_kv_caches
 from server.engine.logprobs import gather_logprobs
@@ -47,10 +48,12 @@ class ModelRunner:
         one_call: OneCallDecode | None,
         num_blocks: int,
         block_size: int,
+        max_blocks_per_seq: int,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        """``one_call``: the compiled decode loop, where ``plan`` takes it."""
+        """``one_call``: the compiled decode loop, where ``plan`` takes it; decode steps are captured in CUDA
+        graphs here where it says so."""
         self.model = model
         self.plan = plan
         self.one_call = one_call
@@ -58,14 +61,15 @@ class ModelRunner:
         self.device = device
         self.kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, dtype, device)
         self.sampler = Sampler(model.layer_ops.greedy_tokens)
+        self.decode_graphs = None
+        if plan.decode_graph_sizes:
+            self.decode_graphs = DecodeGraphs(model, self.kv_caches, plan.decode_graph_sizes, max_blocks_per_seq,
+                                              block_size, device)
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """One forward pass; new tokens for each scheduled request that is now up to date."""
-        input_ids, positions, meta, last_rows = self._prepare(output)
-        if self.one_call is not None and meta.num_decode_tokens == input_ids.shape[0]:
-            hidden = self.one_call(input_ids, positions, self.kv_caches, meta)
-        else:
-            hidden = self.model.forward(input_ids, positions, self.kv_caches, meta)
+        input_ids, positions, batch, last_rows = self._prepare(output)
+        hidden = self._forward(input_ids, positions, batch)
         scheduled = output.scheduled
         result = ModelRunnerOutput([[] for _ in scheduled], [None] * len(scheduled),
                                    self._prompt_logprobs(output, hidden))
@@ -83,6 +87,19 @@ class ModelRunner:
                 if scheduled[i].spec_token_ids:
                     result.accepted_lengths.append(len(tokens) - 1)
         return result
+
+    def _forward(self, input_ids: list[int], positions: list[int], batch: AttentionBatch) -> torch.Tensor:
+        if self.decode_graphs is not None:
+            hidden = self.decode_graphs.run(input_ids, positions, batch)
+            if hidden is not None:
+                return hidden
+        device = self.device
+        ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+        at = torch.tensor(positions, dtype=torch.long, device=device)
+        meta = self.model.attention.prepare(batch)
+        if self.one_call is not None and meta.num_decode_tokens == len(input_ids):
+            return self.one_call(ids, at, self.kv_caches, meta)
+        return self.model.forward(ids, at, self.kv_caches, meta)
 
     def _prompt_logprobs(self, output: SchedulerOutput, hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
         """For the requests that asked: each prompt token this step's rows predict (the row at position ``p``
@@ -111,8 +128,9 @@ class ModelRunner:
             entries += gather_logprobs(logits, token_ids, [num_top] * len(chunk))
         return entries
 
-    def _prepare(self, output: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """Token ids, positions, attention metadata and each request's last row, built once for the whole step."""
+    def _prepare(self, output: SchedulerOutput) -> tuple[list[int], list[int], AttentionBatch, list[int]]:
+        """Token ids, positions, the attention batch and each request's last row, built once for the whole
+        step."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -145,13 +163,7 @@ class ModelRunner:
             prefill_query_starts=query_starts,
             prefill_seq_lens=[s.start + s.num_new_tokens for s in prefills],
         )
-        device = self.device
-        return (
-            torch.tensor(input_ids, dtype=torch.long, device=device),
-            torch.tensor(positions, dtype=torch.long, device=device),
-            self.model.attention.prepare(batch),
-            last_rows,
-        )
+        return input_ids, positions, batch, last_rows
 
 
 def _predicted_prompt_positions(item: ScheduledRequest) -> list[int]:
