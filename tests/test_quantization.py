@@ -40,8 +40,9 @@ def test_int4_reproduces_weights_already_on_a_four_bit_grid_exactly():
 @settings(max_examples=40, deadline=None)
 @given(
     method=st.sampled_from(["int8", "int4"]),
-    rows=st.integers(1, 20),  # few rows, tiles, and (with AVX512-BF16, bf16 x) the dequantised GEMM from 12
-    outputs=st.sampled_from([4, 12, 64]),
+    # few rows (up to 8 on AVX2), tiles, AVX2's panels and (AVX512-BF16, bf16 x) the dequantised GEMM from 12
+    rows=st.integers(1, 20),
+    outputs=st.sampled_from([4, 12, 64, 80]),
     inputs=st.sampled_from([32, 96, 576, 1088]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**16),
