@@ -51,7 +51,7 @@ class StaticDecodeInputs:
             (self.block_tables, tables),
         )
         for tensor, values in host:
-            tensor[:rows].copy_(torch.tensor(values, dtype=tensor.dtype), non_blocking=True)
+            tensor[:rows].copy_(torch.tensor(values, dtype=tensor.dtype, device="cpu"), non_blocking=True)
 
     def metadata(self, rows: int) -> AttentionMetadata:
         """The first ``rows`` rows as one step's decode metadata."""
