@@ -12,12 +12,12 @@ judged: output tokens/s of 128 decode steps at batch 1 and 16, each path, and th
 """
 
 import argparse
-import gc
 import time
 
 import torch
 
 from gpu_check.checks import Checks
+from gpu_check.engine_gpu import free_device_memory
 from server import LLM, SamplingParams
 
 PROMPTS = [
@@ -89,11 +89,6 @@ def report_speed(device: str) -> None:
         plain, replayed = decode_speed(eager, batch), decode_speed(graphs, batch)
         print(f"speed bf16 batch {batch}: layer-loop {plain:.0f} tok/s, cuda-graphs {replayed:.0f} tok/s, "
               f"{replayed / plain:.2f}x", flush=True)
-
-
-def free_device_memory() -> None:
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def main() -> None:

@@ -3,10 +3,12 @@
 // channel; groups are multiples of 32). x is fp32 or bf16, [M, K]; y has
 // x's dtype, [M, N].
 //
-// A task owns 4 output features. It dequantises their weights (integer times group scale) into an fp32 buffer
-// that stays in L1, a slice of K at a time, then runs every row of x against them: 4 rows x 4 outputs of AVX2
-// accumulators, each weight loaded once per 4 rows. At batch 1 the step is bound by reading the weights, which
-// are a quarter (int8) or an eighth (int4) of their fp32 bytes.
+// A few rows (up to 3 with AVX-512, 8 with AVX2 alone) read each output's codes once, straight into registers: at
+// batch 1 the step is bound by reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32
+// bytes. More rows: with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel
+// over it; else a task owns 4 output features, dequantises their weights (integer times group scale) into an fp32
+// buffer that stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of
+// accumulators, each weight loaded once per 4 rows. With AVX512-BF16, 12 or more bf16 rows go to oneDNN instead.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
