@@ -31,10 +31,11 @@ BACKENDS = ("torch", "triton", "cpu")
 class AttentionBatch:
     """One step's tokens as attention sees them, in host lists.
 
-    Rows ``[:num_decode_tokens]`` are single-token steps, one per sequence (decode); the rest are chunks of
-    several tokens (prefill), sequence ``i`` owning rows ``prefill_query_starts[i]:prefill_query_starts[i + 1]``
-    of them. Block tables are one row of block ids per sequence, and ``*_seq_lens`` count every context token,
-    the new ones included.
+    Rows ``[:num_decode_tokens]`` decode: each is one query over the first ``decode_seq_lens[i]`` keys of its block
+    table (a sequence's next token, or one of the speculative guesses after it, whose rows share the table). The
+    rest are chunks of several tokens (prefill), sequence ``i`` owning rows
+    ``prefill_query_starts[i]:prefill_query_starts[i + 1]`` of them. Block tables are rows of block ids, and
+    ``*_seq_lens`` count every context token, the new ones included.
     """
 
     slot_mapping: list[int]

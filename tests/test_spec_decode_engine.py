@@ -70,3 +70,21 @@ def test_sampled_requests_and_requests_speculation_cannot_serve_run_and_free_eve
     again = speculative.generate(REPETITIVE_PROMPTS, sampled)
     assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in outputs[: len(again)]]
     assert_every_block_free(speculative)
+
+
+def test_verification_steps_take_the_compiled_decode_loop(smollm_folder):
+    """A guess's row attends as a decode row, so a step of one sequence and its guesses runs the compiled loop."""
+    llm = LLM(model=str(smollm_folder), kv_cache_memory=64 * 2**20, speculative_config=NGRAM)
+    runner = llm.engine.runner
+    if runner.one_call is None:
+        pytest.skip(f"the compiled decode loop does not run here: {runner.plan.decode_path_reason}")
+    compiled, rows = runner.one_call, []
+
+    def counted(input_ids, *rest):
+        rows.append(len(input_ids))
+        return compiled(input_ids, *rest)
+
+    runner.one_call = counted
+    llm.generate(REPETITIVE_PROMPTS[:1], GREEDY)
+    assert rows and max(rows) > 1
+    assert_every_block_free(llm)

@@ -135,7 +135,11 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         last_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefill_tables: list[list[int]] = []
         query_starts = [0]
+        prefill_lens: list[int] = []
         block_size = self.block_size
         for item in output.scheduled:
             request, start = item.request, item.start
@@ -150,19 +154,16 @@ class ModelRunner:
                 positions.append(pos)
                 slots.append(item.block_ids[pos // block_size] * block_size + pos % block_size)
             last_rows.append(len(input_ids) - 1)
-            if item.num_new_tokens > 1:
+            # The scheduler puts these first. A guess's row is a decode row over the keys up to its own, so that
+            # verification runs the decode kernels (and the compiled loop) and sums as a plain decode step does.
+            if item.feeds_one_token:
+                decode_tables += [item.block_ids] * item.num_new_tokens
+                decode_lens += range(start + 1, end + 1)
+            else:
+                prefill_tables.append(item.block_ids)
                 query_starts.append(query_starts[-1] + item.num_new_tokens)
-        # The scheduler puts single-token steps (decode kernel) first, chunks of several tokens (prefill) after.
-        num_decode = len(output.scheduled) - (len(query_starts) - 1)
-        decodes, prefills = output.scheduled[:num_decode], output.scheduled[num_decode:]
-        batch = AttentionBatch(
-            slot_mapping=slots,
-            decode_block_tables=[s.block_ids for s in decodes],
-            decode_seq_lens=[s.start + 1 for s in decodes],
-            prefill_block_tables=[s.block_ids for s in prefills],
-            prefill_query_starts=query_starts,
-            prefill_seq_lens=[s.start + s.num_new_tokens for s in prefills],
-        )
+                prefill_lens.append(end)
+        batch = AttentionBatch(slots, decode_tables, decode_lens, prefill_tables, query_starts, prefill_lens)
         return input_ids, positions, batch, last_rows
 
 

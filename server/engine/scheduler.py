@@ -33,6 +33,11 @@ class ScheduledRequest:
         return self.num_new_tokens - len(self.spec_token_ids) == 1 and self.start >= self.request.num_prompt_tokens
 
     @property
+    def feeds_one_token(self) -> bool:
+        """One known token, and any guesses riding along: each of its rows attends as a decode row does."""
+        return self.num_new_tokens - len(self.spec_token_ids) == 1
+
+    @property
     def num_prompt_tokens(self) -> int:
         """How many of this step's tokens are prompt tokens computed for the first time or again."""
         return max(0, min(self.start + self.num_new_tokens, self.request.num_prompt_tokens) - self.start)
@@ -40,7 +45,7 @@ class ScheduledRequest:
 
 @dataclass
 class SchedulerOutput:
-    """One step's work. Requests that feed one token come first, longer chunks after them."""
+    """One step's work. Requests that feed one token (with any guesses) come first, longer chunks after them."""
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
@@ -81,7 +86,7 @@ class Scheduler:
         budget = self._schedule_running(output, budget)
         if not output.preempted:
             self._schedule_waiting(output, budget)
-        output.scheduled.sort(key=lambda s: s.num_new_tokens > 1)
+        output.scheduled.sort(key=lambda s: not s.feeds_one_token)
         return output
 
     def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
