@@ -28,14 +28,14 @@ class ScheduledRequest:
     spec_token_ids: tuple[int, ...] = ()
 
     @property
-    def is_decode(self) -> bool:
-        """One new token past the prompt (and any guesses that ride along)."""
-        return self.num_new_tokens - len(self.spec_token_ids) == 1 and self.start >= self.request.num_prompt_tokens
-
-    @property
     def feeds_one_token(self) -> bool:
         """One known token, and any guesses riding along: each of its rows attends as a decode row does."""
         return self.num_new_tokens - len(self.spec_token_ids) == 1
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token past the prompt (and any guesses that ride along)."""
+        return self.feeds_one_token and self.start >= self.request.num_prompt_tokens
 
     @property
     def num_prompt_tokens(self) -> int:
