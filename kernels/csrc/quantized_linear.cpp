@@ -5,13 +5,18 @@
 //
 // A few rows (up to 3 with AVX-512, 8 with AVX2 alone) read each output's codes once, straight into registers: at
 // batch 1 the step is bound by reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32
-// bytes. More rows: with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel
-// over it; else a task owns 4 output features, dequantises their weights (integer times group scale) into an fp32
-// buffer that stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of
-// accumulators, each weight loaded once per 4 rows. With AVX512-BF16, 12 or more bf16 rows go to oneDNN instead.
+// bytes. Without AVX512-BF16 those rows are first rounded to 16-bit integers, a scale per block of 32 features, so
+// that the dot products run as 16-bit multiply-adds; each feature is then off by at most 2^-16 of its block's
+// largest magnitude (llama.cpp rounds to 8 bits). More rows: with AVX2 alone, 16 outputs at a time dequantised
+// into a k-major panel and a GEMM micro-kernel over it; else a task owns 4 output features, dequantises their
+// weights (integer times group scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every
+// row of x against them in 4 rows x 4 outputs of accumulators, each weight loaded once per 4 rows. With
+// AVX512-BF16, 12 or more bf16 rows go to oneDNN instead.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -27,10 +32,23 @@ constexpr int64_t kLanes = 8;
 
 constexpr int64_t kBlock = 32;   // input features per packing block; groups are whole blocks
 
+#ifdef VIGIL_AVX2
+// The sum over i < n of a[i] * b[i].
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 total = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) total = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), total);
+  float tail = 0.f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return vigil::horizontal_sum(total) + tail;
+}
+#endif
+
 // Writes weights [k0, k1) of output row n, dequantised, to dst; k0 and k1 are multiples of kBlock (or K).
 struct Int8Rows {
-  // Measured on the 49152 x 576 output layer at one row, weights streamed from memory: one output at a time
-  // 1.59 ms, four side by side 3.01 ms (the same in cache; four streams of 576-byte rows read worse than one).
+  // Outputs a few-rows task reads side by side at one row. Measured on the 49152 x 576 output layer at one row,
+  // weights streamed from memory: one output at a time 1.59 ms, four side by side 3.01 ms (four streams of
+  // 576-byte rows read worse than one); on SmolLM2's 30 layers, two side by side took 1.3x one's time.
   static constexpr int64_t kSideBySide = 1;
   const int8_t* w;
   const float* scales;
@@ -55,33 +73,22 @@ struct Int8Rows {
     }
   }
 #ifdef VIGIL_AVX2
-  // totals[r] += the 32 features at k of output n times those of row r of x, scaled: for a batch of a few rows,
-  // straight from the codes, with no fp32 copy of the weights.
-  template <typename T>
-  void block_dot(int64_t n, int64_t k, const T* x, int64_t ldx, int64_t rows, __m256* totals) const {
-    const int8_t* codes = w + n * K + k;
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16));
-    const __m256 c[4] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0)),
-                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))),
-                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1)),
-                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8)))};
-    const __m256 scale = _mm256_set1_ps(scales[n * groups + k / group_size]);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * ldx + k;
-      __m256 partial = _mm256_mul_ps(c[0], vigil::load8(xr));
-      for (int64_t i = 1; i < 4; ++i) partial = _mm256_fmadd_ps(c[i], vigil::load8(xr + 8 * i), partial);
-      totals[r] = _mm256_fmadd_ps(partial, scale, totals[r]);
-    }
+  static constexpr int64_t kBlockBytes = kBlock;
+  int64_t row_bytes() const { return K; }
+  // A block's 32 codes as 16-bit integers: features 0-15 in first, 16-31 in second.
+  static void widen(const uint8_t* block, __m256i& first, __m256i& second) {
+    first = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    second = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
   }
+  float offset(int64_t, const float*) const { return 0.f; }
 #endif
 };
 
 // A block of 32 features in 16 bytes, as llama.cpp's Q4_1 lays it out: byte i holds feature i in its low nibble
 // and feature i + 16 in its high one, each a code in [0, 15] that stands for code * scale + min of its group.
 struct Int4Rows {
-  // As for Int8Rows: four outputs side by side 1.05 ms, one at a time 2.42 ms (half the bytes a block, more
-  // arithmetic and a per-block scale and minimum: the interleaved chains hide their latency).
+  // As for Int8Rows: four side by side 1.05 ms on the output layer, one at a time 2.42 ms (half the bytes a block,
+  // and the interleaved chains hide the multiply-adds' latency); two rows take two side by side.
   static constexpr int64_t kSideBySide = 4;
   const uint8_t* w;
   const float* scales;
@@ -116,29 +123,15 @@ struct Int4Rows {
     }
   }
 #ifdef VIGIL_AVX2
-  // As Int8Rows::block_dot; a group's minimum adds min * (the sum of x over the block).
-  template <typename T>
-  void block_dot(int64_t n, int64_t k, const T* x, int64_t ldx, int64_t rows, __m256* totals) const {
-    const uint8_t* bytes = w + n * (K / 2) + k / 2;
-    const __m256i low = _mm256_set1_epi32(0x0F);
-    const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
-    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8)));
-    const __m256 c[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, low)), _mm256_cvtepi32_ps(_mm256_and_si256(b1, low)),
-                         _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4))};
-    const int64_t group = n * groups + k / group_size;
-    const __m256 scale = _mm256_set1_ps(scales[group]), min = _mm256_set1_ps(mins[group]);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * ldx + k;
-      const __m256 x0 = vigil::load8(xr);
-      __m256 partial = _mm256_mul_ps(c[0], x0), sum = x0;
-      for (int64_t i = 1; i < 4; ++i) {
-        const __m256 xi = vigil::load8(xr + 8 * i);
-        partial = _mm256_fmadd_ps(c[i], xi, partial);
-        sum = _mm256_add_ps(sum, xi);
-      }
-      totals[r] = _mm256_fmadd_ps(partial, scale, _mm256_fmadd_ps(sum, min, totals[r]));
-    }
+  static constexpr int64_t kBlockBytes = kBlock / 2;
+  int64_t row_bytes() const { return K / 2; }
+  static void widen(const uint8_t* block, __m256i& first, __m256i& second) {
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    first = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
+    second = _mm256_srli_epi16(bytes, 4);
   }
+  // The minimums' part of output n: each group's minimum times the sum of x over the group.
+  float offset(int64_t n, const float* group_sums) const { return dot(mins + n * groups, group_sums, groups); }
 #endif
 };
 
@@ -193,26 +186,102 @@ constexpr int64_t kFewRows = kRows - 1;
 constexpr int64_t kFewRows = 8;
 #endif
 
-// Few rows (decoding a few sequences, or one with its speculative guesses): each task reads its outputs' codes once,
-// straight into registers, and runs every row against them. Bound by reading the codes, as a decode step is.
-// x comes widened to fp32 (bf16 rows once, not once per output). The row count R is a compile-time constant so
-// that the running totals stay in registers, and a task takes Rows::kSideBySide outputs at a time, their dot
-// products interleaved block by block.
-template <int64_t R, typename T, typename Rows>
-void few_rows_into(const float* xp, int64_t ldx, int64_t K, int64_t N, const Rows& rows_of_w, T* yp) {
-  constexpr int64_t together = Rows::kSideBySide;
-  at::parallel_for(0, N / together, 16 / together, [&](int64_t first, int64_t last) {
-    const char* end = rows_of_w.codes(last * together);
+// Few rows (decoding a few sequences, or one with its speculative guesses) rounded to 16-bit integers, block-major
+// so that one block's rows sit side by side: codes [blocks, R, 32], a scale per block and row [blocks, R], and the
+// sum of x over each group [R, groups] (for int4's minimums, from x itself).
+struct Int16Rows {
+  std::vector<int16_t> codes;
+  std::vector<float> scales;
+  std::vector<float> group_sums;
+};
+
+// A block's scale is its largest magnitude over 32767: a NaN or infinite x makes it, and the outputs, non-finite.
+inline Int16Rows round_rows(const float* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size) {
+  const int64_t blocks = K / kBlock, groups = K / group_size;
+  Int16Rows out{std::vector<int16_t>(R * K), std::vector<float>(R * blocks), std::vector<float>(R * groups, 0.f)};
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* x = xp + r * ldx + b * kBlock;
+      __m256 v[4], largest = _mm256_setzero_ps(), sum = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        largest = _mm256_max_ps(largest, _mm256_and_ps(v[i], magnitude));
+        sum = _mm256_add_ps(sum, v[i]);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
+      }
+      __m128 m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
+      m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+      // max drops a NaN operand, so NaNs are looked for apart.
+      const float amax = _mm256_movemask_ps(nan) ? std::numeric_limits<float>::quiet_NaN()
+                                                 : _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+      const __m256 inverse = _mm256_set1_ps(amax > 0.f ? 32767.f / amax : 0.f);
+      int16_t* q = out.codes.data() + (b * R + r) * kBlock;
+      for (int i = 0; i < 4; i += 2) {
+        const __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+        const __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], inverse));
+        // packs interleaves the two registers' 128-bit halves; the permute puts the 16 values back in order.
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 8 * i),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8));
+      }
+      out.scales[b * R + r] = amax / 32767.f;
+      out.group_sums[r * groups + b * kBlock / group_size] += vigil::horizontal_sum(sum);
+    }
+  return out;
+}
+
+// Each task reads S outputs' codes once, widened to 16 bits in registers, and runs every row against them: two
+// vpmaddwd a block and row, then one scale (the group's times the row's block's). R and S are compile-time
+// constants and every loop over them is unrolled, so that the running totals stay in registers (an array indexed
+// by a loop GCC kept on the stack, a store-to-load chain each block), and the blocks are walked group by group
+// (a division per block for the group's index cost a quarter of the time at five rows).
+template <int64_t R, int64_t S, typename T, typename Rows>
+void few_rows_into(const Int16Rows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
+  // Captured values are copied into locals: read through the closure, GCC reloaded them every block.
+  at::parallel_for(0, N / S, 16 / S, [&, K, N](int64_t first, int64_t last) {
+    const int64_t groups = w.groups, blocks_per_group = w.group_size / kBlock, row_bytes = w.row_bytes();
+    const uint8_t* const all_codes = reinterpret_cast<const uint8_t*>(w.w);
+    const float* const scales = w.scales;
+    const int16_t* const x_codes = xq.codes.data();
+    const float* const x_scales = xq.scales.data();
+    const uint8_t* const end = all_codes + last * S * row_bytes;
     for (int64_t task = first; task < last; ++task) {
-      const int64_t n0 = task * together;
-      vigil::prefetch_ahead(rows_of_w.codes(n0), rows_of_w.codes(n0 + together) - rows_of_w.codes(n0), end);
-      __m256 totals[together][R];
-      for (auto& output : totals)
-        for (auto& total : output) total = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K; k += kBlock)
-        for (int64_t j = 0; j < together; ++j) rows_of_w.block_dot(n0 + j, k, xp, ldx, R, totals[j]);
-      for (int64_t j = 0; j < together; ++j)
-        for (int64_t m = 0; m < R; ++m) yp[m * N + n0 + j] = static_cast<T>(vigil::horizontal_sum(totals[j][m]));
+      const int64_t n0 = task * S;
+      const uint8_t* codes = all_codes + n0 * row_bytes;
+      vigil::prefetch_ahead(codes, S * row_bytes, end);
+      __m256 totals[S][R];
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < S; ++j)
+#pragma GCC unroll 8
+        for (int64_t r = 0; r < R; ++r) totals[j][r] = _mm256_setzero_ps();
+      for (int64_t g = 0, b = 0; g < groups; ++g) {
+        float group_scales[S];
+        for (int64_t j = 0; j < S; ++j) group_scales[j] = scales[(n0 + j) * groups + g];
+        for (const int64_t group_end = b + blocks_per_group; b < group_end; ++b) {
+          const int16_t* x = x_codes + b * R * kBlock;
+          const float* x_scale = x_scales + b * R;
+#pragma GCC unroll 4
+          for (int64_t j = 0; j < S; ++j) {
+            __m256i first_half, second_half;
+            Rows::widen(codes + j * row_bytes + b * Rows::kBlockBytes, first_half, second_half);
+            const __m256 scale = _mm256_set1_ps(group_scales[j]);
+#pragma GCC unroll 8
+            for (int64_t r = 0; r < R; ++r) {
+              const __m256i* xr = reinterpret_cast<const __m256i*>(x + r * kBlock);
+              const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first_half, _mm256_loadu_si256(xr)),
+                                                   _mm256_madd_epi16(second_half, _mm256_loadu_si256(xr + 1)));
+              totals[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(x_scale + r)),
+                                             scale, totals[j][r]);
+            }
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < S; ++j)
+#pragma GCC unroll 8
+        for (int64_t r = 0; r < R; ++r)
+          yp[r * N + n0 + j] = static_cast<T>(vigil::horizontal_sum(totals[j][r]) +
+                                              w.offset(n0 + j, xq.group_sums.data() + r * groups));
     }
   });
 }
@@ -440,7 +509,9 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
           else
             int4_few_rows_avx512<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp);
 #else
-          few_rows_into<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp);
+          constexpr int64_t R = decltype(rows)::value;
+          few_rows_into<R, std::max<int64_t>(1, Rows::kSideBySide / R)>(
+              round_rows(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
 #endif
         });
     return;
