@@ -340,15 +340,6 @@ inline void int4_block_avx512(const uint8_t* bytes, const float* x, int64_t ldx,
   }
 }
 
-inline float dot_avx512(const float* a, const float* b, int64_t n) {
-  __m512 sum = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) sum = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), sum);
-  float total = _mm512_reduce_add_ps(sum);
-  for (; i < n; ++i) total += a[i] * b[i];
-  return total;
-}
-
 template <int64_t R, typename T>
 void int4_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, const Int4Rows& w, T* yp) {
   // Four outputs side by side, their blocks interleaved: four streams of codes in flight, as the AVX2 path found.
@@ -376,10 +367,9 @@ void int4_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, co
                                _mm512_set1_ps(w.scales[(n0 + j) * groups + group]), totals[j]);
       }
       for (int64_t j = 0; j < together; ++j)
-        for (int64_t r = 0; r < R; ++r) {
-          const float offset = dot_avx512(w.mins + (n0 + j) * groups, group_sums.data() + r * groups, groups);
-          yp[r * N + n0 + j] = static_cast<T>(_mm512_reduce_add_ps(totals[j][r]) + offset);
-        }
+        for (int64_t r = 0; r < R; ++r)
+          yp[r * N + n0 + j] = static_cast<T>(_mm512_reduce_add_ps(totals[j][r]) +
+                                              w.offset(n0 + j, group_sums.data() + r * groups));
     }
   });
 }
