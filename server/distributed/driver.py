@@ -29,6 +29,7 @@ from server.distributed.launch import TensorParallelError, Workers, launch_worke
 from server.distributed.messages import Allocate, Forward, Logits, RankSetup, pack_step
 from server.distributed.rank_model import build_rank_model, kv_capacity
 from server.distributed.sharding import check_divides
+from server.engine.kv_pool import device_memory_in_use
 from server.engine.precision import Precision, resolve_precision
 from server.models.config import ModelConfig
 from server.models.decoder import DecoderModel
@@ -147,8 +148,9 @@ def start_tensor_parallel(
     try:
         workers.send(setup)
         group = join_group(store, 0, size, device)
+        in_use_before_load = device_memory_in_use(device)
         model = build_rank_model(setup, group, device)
-        capacities = [kv_capacity(setup, size, device), *workers.receive_numbers(START_TIMEOUT_S)]
+        capacities = [kv_capacity(setup, size, device, in_use_before_load), *workers.receive_numbers(START_TIMEOUT_S)]
         weight_bytes = [model.weight_bytes, *workers.receive_numbers(START_TIMEOUT_S)]
         num_blocks = int(min(capacities))
         workers.send(Allocate(num_blocks))

@@ -20,8 +20,8 @@ def build_rank_model(setup: RankSetup, group: TensorParallelGroup, device: torch
     return parallelize(model, group, whole.vocab_size)
 
 
-def kv_capacity(setup: RankSetup, size: int, device: torch.device) -> int:
+def kv_capacity(setup: RankSetup, size: int, device: torch.device, in_use_before_load: int) -> int:
     """The KV blocks this rank has room for, each holding its share of the KV heads."""
     per_block = kv_bytes_per_block(rank_config(setup.model_config, size), setup.config.block_size,
                                    setup.precision.kv_dtype)
-    return count_kv_blocks(setup.config, per_block, device)
+    return count_kv_blocks(setup.config, per_block, device, in_use_before_load)

@@ -20,7 +20,7 @@ from server.distributed.launch import COMMAND_ADDRESS_KEY
 from server.distributed.messages import Allocate, Forward, Logits, RankSetup, unpack_step
 from server.distributed.rank_model import build_rank_model, kv_capacity
 from server.distributed.sharding import rank_config
-from server.engine.kv_pool import allocate_kv_caches
+from server.engine.kv_pool import allocate_kv_caches, device_memory_in_use
 from server.models.decoder import DecoderModel
 
 logger = logging.getLogger("vigil.distributed")
@@ -43,8 +43,9 @@ def main() -> int:
             return 0  # rank 0 gave up before the set-up
         device = rank_device(setup.config.device, int(os.environ.get("LOCAL_RANK", rank)))
         group = join_group(store, rank, size, device)
+        in_use_before_load = device_memory_in_use(device)
         model = build_rank_model(setup, group, device)
-        channel.send_number(kv_capacity(setup, size, device))
+        channel.send_number(kv_capacity(setup, size, device, in_use_before_load))
         channel.send_number(model.weight_bytes)
         allocate = channel.receive_message()
         if isinstance(allocate, Allocate):

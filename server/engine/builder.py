@@ -10,7 +10,7 @@ from server.config import EngineConfig
 from server.engine.block_manager import BlockManager
 from server.engine.engine import LLMEngine
 from server.engine.execution_plan import plan_execution
-from server.engine.kv_pool import count_kv_blocks, kv_bytes_per_block
+from server.engine.kv_pool import count_kv_blocks, device_memory_in_use, kv_bytes_per_block
 from server.engine.model_loading import load_model
 from server.engine.model_runner import ModelRunner
 from server.engine.precision import dtype_name, resolve_device, resolve_precision
@@ -46,9 +46,11 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     else:
         device = resolve_device(config.device)
         precision = resolve_precision(config, model_config, device)
+        in_use_before_load = device_memory_in_use(device)
         model = load_model(config, folder, model_config, device, precision)
         num_blocks = count_kv_blocks(
-            config, kv_bytes_per_block(model_config, config.block_size, precision.kv_dtype), device
+            config, kv_bytes_per_block(model_config, config.block_size, precision.kv_dtype), device,
+            in_use_before_load,
         )
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                         model_config.max_position_embeddings)
