@@ -20,6 +20,8 @@ PY="${PYTHON:-.venv/bin/python}"
 # limit is longer, and a step with no time left is not run and FAILs (a check not made has not passed).
 BUDGET_S="${GPU_CHECK_BUDGET_S:-540}"
 OUT="${GPU_CHECK_DIR:-bench-results/gpu-check-$(date +%Y%m%d-%H%M%S)}"
+# GPU_CHECK_STEPS="decode-graphs api" runs those steps alone: a second try of the failed ones within a lease.
+ONLY="${GPU_CHECK_STEPS:-}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -34,6 +36,9 @@ step() {
     local name=$1 limit=$2 pattern=$3
     shift 3
     local log="$OUT/$name.log" started=$SECONDS result detail left=$((BUDGET_S - SECONDS))
+    if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then
+        return
+    fi
     echo "== $name: $*"
     if [ "$left" -lt 20 ]; then
         echo "FAIL $name: not run, the run's ${BUDGET_S} s are spent"

@@ -12,8 +12,10 @@ comparison, not a verdict). The result JSON and both servers' logs go to ``--out
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,18 +35,26 @@ def start_transformers(folder: Path, device: str, dtype: str, log: Path) -> tupl
                "--device", device, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port)]
     if device != "cpu":
         command += ["--cb-max-memory-percent", "0.3"]
-    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    # Its /v1/models scans the Hugging Face hub cache and answers 500 where that folder does not exist (a machine
+    # that never downloaded a model): an empty one of its own serves.
+    hub_cache = tempfile.mkdtemp(prefix="hf-hub-")
+    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                               env={**os.environ, "HF_HUB_CACHE": hub_cache})
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + READY_TIMEOUT_S
+    status = None
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            if httpx.get(f"{base_url}/v1/models", timeout=5).status_code == 200:
-                return process, base_url
+            status = httpx.get(f"{base_url}/v1/models", timeout=5).status_code
         except httpx.TransportError:
-            pass
+            status = None
+        if status == 200:
+            return process, base_url
+        if status is not None and status >= 500:
+            break
         time.sleep(0.5)
     process.kill()
-    raise RuntimeError(f"transformers serve did not come up; see {log}")
+    raise RuntimeError(f"transformers serve did not come up (last /v1/models status {status}); see {log}")
 
 
 def main() -> None:
@@ -67,6 +77,8 @@ def main() -> None:
         result = args.out / "serve-vigil-vs-transformers.json"
         bench = subprocess.run(
             [sys.executable, "-m", "server", "bench", "serve", "--base-url", vigil.base_url, "--compare", hf_url,
+             # its /v1/models may list nothing (the hub cache it scans is empty): the folder names the model it serves
+             "--compare-model", str(folder),
              "--num-prompts", str(prompts), "--input-len", str(input_len), "--output-len", str(output_len),
              "--max-concurrency", str(concurrency), "--request-rate", "inf",
              # transformers serve refuses ignore_eos (422), so only Vigil's requests carry it: B's outputs may

@@ -40,7 +40,9 @@ class APIServer(LocalServer):
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"vigil-api-test-{os.getpid()}-{time.monotonic_ns()}.log"
         # One torch thread: on a small shared machine, OpenMP threads that wait on each other behind other
         # processes make steps many times slower; one thread also leaves a core to the HTTP side and the tests.
-        environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+        # The repo goes before any PYTHONPATH given, which stays: packages installed outside the venv (a GPU machine).
+        python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path, **(env or {})}
         if "VIGIL_API_KEYS" not in (env or {}):
             environment.pop("VIGIL_API_KEYS", None)
         args = ("--model", str(model_folder), "--served-model-name", "smollm", *FAST_ENGINE_ARGS, *extra_args)

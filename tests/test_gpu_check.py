@@ -51,3 +51,10 @@ def test_a_step_with_no_time_left_is_not_run_and_fails(tmp_path):
     assert summary_rows(result.stdout) == dict.fromkeys(STEPS, "FAIL")
     assert "not run: the 0 s budget is spent" in result.stdout
     assert not list(tmp_path.glob("*.log"))
+
+
+def test_gpu_check_steps_runs_only_the_steps_it_names(tmp_path):
+    result = run_check(tmp_path, PYTHON="/bin/false", GPU_CHECK_STEPS="api tensor-parallel")
+    assert result.returncode == 1
+    assert summary_rows(result.stdout) == {"api": "FAIL", "tensor-parallel": "FAIL"}
+    assert sorted(log.name for log in tmp_path.glob("*.log")) == ["api.log", "tensor-parallel.log"]
