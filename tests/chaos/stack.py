@@ -2,6 +2,7 @@
 every second, with the project's rules and the `for:` of the alerts a scenario expects shrunk to seconds), the
 real Alertmanager and the alert inbox; and the clients and table row the scenarios share."""
 
+import json
 import threading
 import time
 from collections import Counter
@@ -93,6 +94,13 @@ class ChaosStack:
         self.inbox.close()
 
 
+def is_error_event(line: str) -> bool:
+    """The server's error event (``data: {"error": ...}``, server/api/sse.py). Not a substring test: a chunk whose
+    text is the token ``error`` reads ``"text":"error"``, and the tiny random model samples it about once in 100
+    streams."""
+    return line.startswith("data: {") and "error" in json.loads(line.removeprefix("data: "))
+
+
 @dataclass
 class StreamOutcomes:
     """Streaming clients through ``url``, each sending one long stream after another: how each stream ended, and
@@ -118,12 +126,12 @@ class StreamOutcomes:
                     done = False
                     for line in reply.iter_lines():
                         last_event = time.monotonic()
-                        if '"error"' in line:
+                        if is_error_event(line):
                             break
                         done = done or line == "data: [DONE]"
                     if reply.status_code == 200 and done:
                         outcome = "answered"
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):  # ValueError: an event that is not JSON fails the stream too
                 pass
             if outcome != "answered":
                 self.slowest_error_s = max(self.slowest_error_s, time.monotonic() - last_event)
