@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kernels import cpu
 from server.models.linear import (
     CHUNKED_OUTPUT_FEATURES,
+    WHOLE_UP_TO_ROWS,
     AmxBf16WeightLinear,
     Bf16WeightLinear,
     ChunkedLinear,
@@ -225,3 +226,20 @@ def test_bf16_layers_on_amx_take_weights_packed_once_and_equal_an_fp32_product(r
     assert_bf16_product(out, x, weight)
     torch.testing.assert_close(layer(x.unsqueeze(0))[0], out, rtol=0, atol=0)
     assert isinstance(make_linear(weight, torch.bfloat16, "int8"), ChunkedLinear), "quantised layers keep their slices"
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_wide_quantised_layer_runs_whole_for_few_rows_and_in_slices_of_its_own_rows_above(method):
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(CHUNKED_OUTPUT_FEATURES + 4096, 64, generator=generator) * 0.1
+    layer = make_linear(weight, torch.float32, method)
+    assert isinstance(layer, ChunkedLinear) and layer.whole is not None and len(layer.parts) > 1
+    whole_data = layer.whole.weight.data
+    assert all(part.weight.data.untyped_storage().data_ptr() == whole_data.untyped_storage().data_ptr()
+               for part in layer.parts), "the slices are views of the whole layer's rows"
+    assert layer.nbytes == layer.whole.nbytes
+    for rows in (1, WHOLE_UP_TO_ROWS, WHOLE_UP_TO_ROWS + 1, 40):
+        x = torch.randn(rows, 64, generator=generator)
+        sliced = torch.cat([part(x) for part in layer.parts], dim=-1)
+        torch.testing.assert_close(layer(x), sliced, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(layer(x), layer.whole(x), rtol=1e-6, atol=1e-5)
