@@ -183,7 +183,8 @@ class ChunkedLinear:
 CHUNKED_OUTPUT_FEATURES = 16384
 OUTPUT_CHUNK = 4096
 # Rows up to which a quantised output layer runs whole: the int8 and int4 few-rows kernels' limit on AVX2. On two
-# Zen 3 cores SmolLM2's (49152 x 576) took 0.72-0.75x the sliced time at one row, 0.80-0.89x at 2-8.
+# Zen 3 cores SmolLM2's (49152 x 576) took 0.72-0.77x the sliced time at one row, 0.77-0.91x at 2-8; the AVX-512
+# variants, whose few-rows kernels stop at 3 rows, were not measured.
 WHOLE_UP_TO_ROWS = 8
 
 
