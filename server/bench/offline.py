@@ -212,7 +212,7 @@ def print_table(results: list[Throughput], engine: LLMEngine) -> None:
 
 def print_profile(profile: StepProfile, peak: float, engine: LLMEngine) -> None:
     dtype = engine.runner.model.dtype
-    print(f"\ntorch.mm peak, 2048^3 in {dtype}, the higher of a probe before and after: {peak / 1e9:.1f} GFLOP/s")
+    print(f"\ntorch.mm peak in {dtype}, the higher of a probe before and after: {peak / 1e9:.1f} GFLOP/s")
     print(f"decode steps at batch {profile.decode_batch} ({profile.decode_steps} steps): "
           f"{profile.decode_flops_per_second / 1e9:.1f} GFLOP/s, MFU {profile.decode_flops_per_second / peak:.1%}")
     print(f"all steps, prefill included: {profile.all_flops_per_second / 1e9:.1f} GFLOP/s, "
