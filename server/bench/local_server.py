@@ -54,8 +54,9 @@ class LocalServer:
             except httpx.TransportError:
                 pass
             time.sleep(0.25)
+        tail = self.log_tail()  # before stop() closes the log
         self.stop()
-        raise TimeoutError(f"the server was not ready within {timeout:.0f}s:\n{self.log_tail()}")
+        raise TimeoutError(f"the server was not ready within {timeout:.0f}s:\n{tail}")
 
     def log_tail(self, chars: int = 5000) -> str:
         self._log.flush()
