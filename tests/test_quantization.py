@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kernels import cpu, reference
 from server.models.linear import QuantizedLinear, make_linear
-from server.models.quantization import dequantize, quantize
+from server.models.quantization import dequantize, quantize, quantize_int4
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +56,34 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
     assert actual.dtype == dtype and actual.shape == (rows, outputs)
     error = (actual.float() - expected.float()).abs()
     largest = expected.float().abs().max()
-    if dtype == torch.bfloat16:
-        assert float(error.max() / largest) < 1e-2
-        return
-    # Without AVX512-BF16, a few rows are rounded to 16 bits per block of 32 features: each feature is off by at most
-    # half a step, its block's largest magnitude / 65534, and an output by the sum of those times |w|.
+    # Without AVX512-BF16, a few rows are rounded to 16-bit integers per block of 32 features: each feature is off by
+    # at most half a step, its block's largest magnitude / 65534 (int4: / 65024, so that its high byte fits a signed
+    # byte), and an output by the sum of those times |w|. bf16 outputs are rounded besides.
+    half_steps = 65024 if method == "int4" else 65534
+    block_largest = x.float().abs().reshape(rows, -1, 32).amax(dim=2).repeat_interleave(32, dim=1)
+    rounding = (block_largest / half_steps) @ dequantize(weight).abs().T
+    slack = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert bool((error <= rounding * 1.001 + slack * largest).all()), float((error - rounding).max())
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("group_size", [64, 96])
+def test_int4_groups_of_several_blocks_match_the_torch_oracle(compiled, rows, group_size):
+    """Groups wider than a block: with three blocks a group, the few-rows path's pairs of blocks straddle groups."""
+    generator = torch.Generator().manual_seed(group_size + rows)
+    weight = quantize_int4(torch.randn(20, 576, generator=generator), group_size)
+    x = torch.randn(rows, 576, generator=generator)
+    expected = reference.int4_linear(x, *weight.tensors)
+    error = (compiled.int4_linear(x, *weight.tensors) - expected).abs()
     block_largest = x.abs().reshape(rows, -1, 32).amax(dim=2).repeat_interleave(32, dim=1)
-    rounding = (block_largest / 65534) @ dequantize(weight).abs().T
-    assert bool((error <= rounding * 1.001 + 1e-5 * largest).all()), float((error - rounding).max())
+    rounding = (block_largest / 65024) @ dequantize(weight).abs().T
+    assert bool((error <= rounding * 1.001 + 1e-5 * expected.abs().max()).all())
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_input_makes_every_output_non_finite(compiled, method, bad):
-    """As in the oracle: the few-rows path's rounding to 16 bits must not turn a NaN or an infinity into a number."""
+    """As in the oracle: the few-rows path's rounding to integers must not turn a NaN or an infinity into a number."""
     weight = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(2)), method)
     x = torch.randn(2, 576)
     x[1, 100] = bad

@@ -6,21 +6,22 @@
 // A few rows (up to 3 with AVX-512, 8 with AVX2 alone) read each output's codes once, straight into registers: at
 // batch 1 the step is bound by reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32
 // bytes. Without AVX512-BF16 those rows are first rounded to 16-bit integers, a scale per block of 32 features, so
-// that the dot products run as 16-bit multiply-adds; each feature is then off by at most 2^-16 of its block's
-// largest magnitude (llama.cpp rounds to 8 bits). More rows: with AVX2 alone, 16 outputs at a time dequantised
-// into a k-major panel and a GEMM micro-kernel over it; else a task owns 4 output features, dequantises their
-// weights (integer times group scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every
-// row of x against them in 4 rows x 4 outputs of accumulators, each weight loaded once per 4 rows. With
-// AVX512-BF16, 12 or more bf16 rows go to oneDNN instead.
+// that the dot products run as 16-bit multiply-adds (int4 at one row: as byte multiply-adds, int4_few_rows.h);
+// each feature is then off by at most 2^-16 of its block's largest magnitude (llama.cpp rounds to 8 bits). More
+// rows: with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else
+// a task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that
+// stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators,
+// each weight loaded once per 4 rows. With AVX512-BF16, 12 or more bf16 rows go to oneDNN instead.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "compile_time_rows.h"
+#include "int4_few_rows.h"
+#include "rounded_block.h"
 #include "simd_load.h"
 
 namespace {
@@ -195,37 +196,20 @@ struct Int16Rows {
   std::vector<float> group_sums;
 };
 
-// A block's scale is its largest magnitude over 32767: a NaN or infinite x makes it, and the outputs, non-finite.
+// A block's scale is its largest magnitude over 32767.
 inline Int16Rows round_rows(const float* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size) {
   const int64_t blocks = K / kBlock, groups = K / group_size;
   Int16Rows out{std::vector<int16_t>(R * K), std::vector<float>(R * blocks), std::vector<float>(R * groups, 0.f)};
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int64_t r = 0; r < R; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
-      const float* x = xp + r * ldx + b * kBlock;
-      __m256 v[4], largest = _mm256_setzero_ps(), sum = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        largest = _mm256_max_ps(largest, _mm256_and_ps(v[i], magnitude));
-        sum = _mm256_add_ps(sum, v[i]);
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
-      }
-      __m128 m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
-      m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-      // max drops a NaN operand, so NaNs are looked for apart.
-      const float amax = _mm256_movemask_ps(nan) ? std::numeric_limits<float>::quiet_NaN()
-                                                 : _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-      const __m256 inverse = _mm256_set1_ps(amax > 0.f ? 32767.f / amax : 0.f);
+      const vigil::RoundedBlock block = vigil::round_block(xp + r * ldx + b * kBlock, 32767.f);
       int16_t* q = out.codes.data() + (b * R + r) * kBlock;
-      for (int i = 0; i < 4; i += 2) {
-        const __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
-        const __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], inverse));
+      for (int i = 0; i < 4; i += 2)
         // packs interleaves the two registers' 128-bit halves; the permute puts the 16 values back in order.
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 8 * i),
-                            _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8));
-      }
-      out.scales[b * R + r] = amax / 32767.f;
-      out.group_sums[r * groups + b * kBlock / group_size] += vigil::horizontal_sum(sum);
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[i], block.codes[i + 1]), 0xD8));
+      out.scales[b * R + r] = block.amax / 32767.f;
+      out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
     }
   return out;
 }
@@ -500,8 +484,12 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
             int4_few_rows_avx512<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp);
 #else
           constexpr int64_t R = decltype(rows)::value;
-          few_rows_into<R, std::max<int64_t>(1, Rows::kSideBySide / R)>(
-              round_rows(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
+          constexpr int64_t S = std::max<int64_t>(1, Rows::kSideBySide / R);
+          if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1)
+            vigil::int4_few_rows_by_bytes<R, S>(vigil::round_rows_to_byte_pairs(wp, ldw, R, K, rows_of_w.group_size),
+                                                K, N, rows_of_w, yp);
+          else
+            few_rows_into<R, S>(round_rows(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
 #endif
         });
     return;
