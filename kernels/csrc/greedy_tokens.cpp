@@ -12,9 +12,9 @@
 
 namespace {
 
-#ifdef VIGIL_AVX512_BF16
-constexpr int kRunning = 4;
+constexpr int kRunning = 4;  // independent running maxima a row
 
+#ifdef VIGIL_AVX512_BF16
 inline __m512 load_lanes(const float* p, __mmask16 lanes) { return _mm512_maskz_loadu_ps(lanes, p); }
 inline __m512 load_lanes(const at::BFloat16* p, __mmask16 lanes) { return vigil::load16(p, lanes); }
 
@@ -52,8 +52,6 @@ int64_t first_highest(const T* row, int64_t width) {
   return first;
 }
 #elif defined(VIGIL_AVX2)
-constexpr int kRunning = 4;
-
 // As the AVX-512 version, in 8 lanes; the last width % 32 logits are compared one by one. torch's max took
 // 110-180 us for one fp32 row of 49152 logits on a Zen 3 core: most of a step's sampling at one stream.
 template <typename T>
