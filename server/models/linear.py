@@ -227,7 +227,10 @@ def _quantized_linear(weight: torch.Tensor, method: str) -> QuantizedLinear:
     fits = weight.shape[0] % 4 == 0 and weight.shape[1] % 32 == 0
     compiled = cpu.load() if weight.device.type == "cpu" and fits else None
     source, name = (compiled, "cpp") if compiled is not None else (reference, "torch")
-    return QuantizedLinear(quantize(weight, method), getattr(source, f"{method}_linear"), f"{method}-{name}")
+    quantized = quantize(weight, method)
+    if weight.device.type == "cpu":
+        quantized = QuantizedWeight(method, *(huge_pages.copy(tensor) for tensor in quantized.tensors))
+    return QuantizedLinear(quantized, getattr(source, f"{method}_linear"), f"{method}-{name}")
 
 
 def _few_rows_kernels(weight: torch.Tensor) -> ModuleType | None:
