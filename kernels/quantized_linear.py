@@ -109,8 +109,8 @@ def _int4_linear_kernel(
             start = k0 + block * 32
             w_ok = (start < K) & col_ok
             packed = tl.load(w_rows[None, :] + (start // 2 + half)[:, None], mask=w_ok[None, :], other=0)
-            scale = tl.load(scales_ptr + group_rows + start // GROUP, mask=w_ok, other=0.0)[None, :]
-            minimum = tl.load(mins_ptr + group_rows + start // GROUP, mask=w_ok, other=0.0)[None, :]
+            scale = tl.load(scales_ptr + group_rows + start // GROUP, mask=w_ok, other=0.0).to(tl.float32)[None, :]
+            minimum = tl.load(mins_ptr + group_rows + start // GROUP, mask=w_ok, other=0.0).to(tl.float32)[None, :]
             w_low = (packed & 0xF).to(tl.float32) * scale + minimum
             w_high = (packed >> 4).to(tl.float32) * scale + minimum
             x_rows = x_ptr + rows[:, None] * stride_xm + (start + half)[None, :]
@@ -174,7 +174,7 @@ def int8_linear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """``x · Wᵀ`` for W packed as Q4_1 blocks (uint8 ``[N, K / 2]``) with fp32 scales and minimums
+    """``x · Wᵀ`` for W packed as Q4_1 blocks (uint8 ``[N, K / 2]``) with fp16 scales and minimums
     ``[N, groups]`` (groups of a multiple of 32 features), in x's dtype."""
     n, k = packed.shape[0], 2 * packed.shape[1]
     _check(x, (packed, scales, mins), k)

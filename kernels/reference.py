@@ -179,12 +179,12 @@ def dequantize_int8(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """uint8 ``[N, K / 2]`` in Q4_1's block layout (byte i of 32 features: feature i low, feature i + 16 high),
-    each code times its group's scale plus its group's min (fp32 ``[N, groups]`` both), as fp32."""
+    each code times its group's scale plus its group's min (fp16 ``[N, groups]`` both), as fp32."""
     n = packed.shape[0]
     blocks = packed.reshape(n, -1, 16)
     codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=2).reshape(n, -1).float()
     group = codes.shape[1] // scales.shape[1]
-    return codes * scales.repeat_interleave(group, dim=1) + mins.repeat_interleave(group, dim=1)
+    return codes * scales.float().repeat_interleave(group, dim=1) + mins.float().repeat_interleave(group, dim=1)
 
 
 def int8_linear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

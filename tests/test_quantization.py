@@ -30,7 +30,9 @@ def test_dequantised_weights_lie_within_half_a_step_of_the_originals(method, bou
 def test_int4_reproduces_weights_already_on_a_four_bit_grid_exactly():
     """The bundled model's weights come from a Q4_1 GGUF: each group of 32 already holds 16 levels at most."""
     generator = torch.Generator().manual_seed(1)
-    scales, mins = torch.rand(8, 4, 1, generator=generator) + 0.1, torch.randn(8, 4, 1, generator=generator)
+    # fp16 scales and minimums, as Q4_1 stores them
+    scales = (torch.rand(8, 4, 1, generator=generator) + 0.1).half().float()
+    mins = torch.randn(8, 4, 1, generator=generator).half().float()
     codes = torch.randint(0, 16, (8, 4, 32), generator=generator).float()
     codes[..., 0], codes[..., 1] = 0, 15  # each group spans its whole range, as a quantiser leaves it
     weight = (codes * scales + mins).reshape(8, 128)

@@ -84,20 +84,21 @@ inline __m128i block_dot(__m128i codes, const int8_t* x) {
 }
 
 // The odd last block of a row of codes, whose pair is padded with zeros: its 16 bytes in one 128-bit step.
-inline float last_block(const BytePairRows& xq, int64_t R, int64_t r, const uint8_t* codes, const float* row_scales,
+inline float last_block(const BytePairRows& xq, int64_t R, int64_t r, const uint8_t* codes, const at::Half* row_scales,
                         const std::vector<int32_t>& group_of) {
   const int64_t pair = xq.pairs - 1, block = 2 * pair;
   __m128i sum = block_dot(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * block)),
                           xq.codes.data() + (pair * R + r) * 128);
   sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
   sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
-  return static_cast<float>(_mm_cvtsi128_si32(sum)) * (row_scales[group_of[block]] * xq.scales[(pair * R + r) * 2]);
+  return static_cast<float>(_mm_cvtsi128_si32(sum)) *
+         (static_cast<float>(row_scales[group_of[block]]) * xq.scales[(pair * R + r) * 2]);
 }
 
 // y[r, n] for S outputs side by side and every row, as few_rows_into does with 16-bit rows. A pair of blocks per
 // step: their 32 bytes of codes split into low and high nibbles (two ands and a shift), four vpmaddubsw (high and
 // low bytes of x), and the two blocks' scales (the weights' times the row's) spread over the lanes each block's
-// sums landed in. Adjacent: a group per block, so that a pair's two weight scales are read as one 64-bit load.
+// sums landed in. Adjacent: a group per block, so that a pair's two fp16 weight scales are read as one 32-bit load.
 template <int64_t R, int64_t S, bool Adjacent, typename T, typename Rows>
 void int4_few_rows_by_bytes(const BytePairRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
   const int64_t blocks = K / 32, groups = w.groups, blocks_per_group = w.group_size / 32;
@@ -108,7 +109,7 @@ void int4_few_rows_by_bytes(const BytePairRows& xq, int64_t K, int64_t N, const 
   at::parallel_for(0, N / S, 16 / S, [&, K, N](int64_t first, int64_t last) {
     const int64_t row_bytes = K / 2;
     const uint8_t* const all_codes = reinterpret_cast<const uint8_t*>(w.w);
-    const float* const scales = w.scales;
+    const at::Half* const scales = w.scales;
     const int8_t* const x_codes = xq.codes.data();
     const float* const x_scales = xq.scales.data();
     const int32_t* const group_index = group_of.data();
@@ -133,10 +134,11 @@ void int4_few_rows_by_bytes(const BytePairRows& xq, int64_t K, int64_t N, const 
           const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * row_bytes + 32 * p));
           const __m256i low = _mm256_and_si256(bytes, nibble);
           const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-          const float* row_scales = scales + (n0 + j) * groups;
+          const at::Half* row_scales = scales + (n0 + j) * groups;
           const __m128 w_scale =
-              Adjacent ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(row_scales + 2 * p)))
-                       : _mm_setr_ps(row_scales[group_index[2 * p]], row_scales[group_index[2 * p + 1]], 0.f, 0.f);
+              Adjacent ? _mm_cvtph_ps(_mm_loadu_si32(row_scales + 2 * p))
+                       : _mm_setr_ps(static_cast<float>(row_scales[group_index[2 * p]]),
+                                     static_cast<float>(row_scales[group_index[2 * p + 1]]), 0.f, 0.f);
 #pragma GCC unroll 8
           for (int64_t r = 0; r < R; ++r) {
             const __m256i* xr = reinterpret_cast<const __m256i*>(x + r * 128);

@@ -1,6 +1,6 @@
-// Weight-only quantised linear layers for the CPU: y = x · Wᵀ, with W stored as int8 (code * scale) or packed
-// int4 (code * scale + min) and a scale per group of input features (a group of K is one scale per output
-// channel; groups are multiples of 32). x is fp32 or bf16, [M, K]; y has
+// Weight-only quantised linear layers for the CPU: y = x · Wᵀ, with W stored as int8 (code * fp32 scale) or packed
+// int4 (code * scale + min, both fp16 as in Q4_1) and a scale per group of input features (a group of K is one
+// scale per output channel; groups are multiples of 32). x is fp32 or bf16, [M, K]; y has
 // x's dtype, [M, N].
 //
 // A few rows (up to 3 with AVX-512, 8 with AVX2 alone) read each output's codes once, straight into registers: at
@@ -34,13 +34,14 @@ constexpr int64_t kLanes = 8;
 constexpr int64_t kBlock = 32;   // input features per packing block; groups are whole blocks
 
 #ifdef VIGIL_AVX2
-// The sum over i < n of a[i] * b[i].
-inline float dot(const float* a, const float* b, int64_t n) {
+// The sum over i < n of a[i] * b[i], a in fp16.
+inline float dot(const at::Half* a, const float* b, int64_t n) {
   __m256 total = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) total = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), total);
+  for (; i + kLanes <= n; i += kLanes)
+    total = _mm256_fmadd_ps(vigil::load8(a + i), _mm256_loadu_ps(b + i), total);
   float tail = 0.f;
-  for (; i < n; ++i) tail += a[i] * b[i];
+  for (; i < n; ++i) tail += static_cast<float>(a[i]) * b[i];
   return vigil::horizontal_sum(total) + tail;
 }
 #endif
@@ -56,6 +57,7 @@ struct Int8Rows {
   int64_t K, groups, group_size;
 
   const char* codes(int64_t n) const { return reinterpret_cast<const char*>(w + n * K); }
+  float scale(int64_t n, int64_t group) const { return scales[n * groups + group]; }
 
   void dequantise(int64_t n, int64_t k0, int64_t k1, float* dst) const {
     const int8_t* row = w + n * K;
@@ -92,17 +94,18 @@ struct Int4Rows {
   // and the interleaved chains hide the multiply-adds' latency); two rows take two side by side.
   static constexpr int64_t kSideBySide = 4;
   const uint8_t* w;
-  const float* scales;
-  const float* mins;
+  const at::Half* scales;
+  const at::Half* mins;
   int64_t K, groups, group_size;
 
   const char* codes(int64_t n) const { return reinterpret_cast<const char*>(w + n * (K / 2)); }
+  float scale(int64_t n, int64_t group) const { return static_cast<float>(scales[n * groups + group]); }
 
   void dequantise(int64_t n, int64_t k0, int64_t k1, float* dst) const {
     const uint8_t* row = w + n * (K / 2);
     for (int64_t k = k0; k < k1; k += kBlock) {
       const int64_t group = n * groups + k / group_size;
-      const float scale = scales[group], min = mins[group];
+      const float scale = static_cast<float>(scales[group]), min = static_cast<float>(mins[group]);
       const uint8_t* bytes = row + k / 2;
       float* out = dst + k - k0;
 #ifdef VIGIL_AVX2
@@ -225,7 +228,6 @@ void few_rows_into(const Int16Rows& xq, int64_t K, int64_t N, const Rows& w, T* 
   at::parallel_for(0, N / S, 16 / S, [&, K, N](int64_t first, int64_t last) {
     const int64_t groups = w.groups, blocks_per_group = w.group_size / kBlock, row_bytes = w.row_bytes();
     const uint8_t* const all_codes = reinterpret_cast<const uint8_t*>(w.w);
-    const float* const scales = w.scales;
     const int16_t* const x_codes = xq.codes.data();
     const float* const x_scales = xq.scales.data();
     const uint8_t* const end = all_codes + last * S * row_bytes;
@@ -240,7 +242,7 @@ void few_rows_into(const Int16Rows& xq, int64_t K, int64_t N, const Rows& w, T* 
         for (int64_t r = 0; r < R; ++r) totals[j][r] = _mm256_setzero_ps();
       for (int64_t g = 0, b = 0; g < groups; ++g) {
         float group_scales[S];
-        for (int64_t j = 0; j < S; ++j) group_scales[j] = scales[(n0 + j) * groups + g];
+        for (int64_t j = 0; j < S; ++j) group_scales[j] = w.scale(n0 + j, g);
         for (const int64_t group_end = b + blocks_per_group; b < group_end; ++b) {
           const int16_t* x = x_codes + b * R * kBlock;
           const float* x_scale = x_scales + b * R;
@@ -348,7 +350,7 @@ void int4_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, co
         const int64_t k = b * kBlock, group = k / w.group_size;
         for (int64_t j = 0; j < together; ++j)
           int4_block_avx512<R>(w.w + (n0 + j) * (K / 2) + b * half, xp + k, ldx,
-                               _mm512_set1_ps(w.scales[(n0 + j) * groups + group]), totals[j]);
+                               _mm512_set1_ps(w.scale(n0 + j, group)), totals[j]);
       }
       for (int64_t j = 0; j < together; ++j)
         for (int64_t r = 0; r < R; ++r)
@@ -564,12 +566,12 @@ at::Tensor quantised_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t 
   return y;
 }
 
-void check_inputs(const at::Tensor& x, const at::Tensor& scales, int64_t N, int64_t K) {
+void check_inputs(const at::Tensor& x, const at::Tensor& scales, at::ScalarType scale_type, int64_t N, int64_t K) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) == K, "x must be [tokens, ", K, "], contiguous rows");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be fp32 or bf16");
   TORCH_CHECK(N % kOutputs == 0, "output features must be a multiple of ", kOutputs);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.is_contiguous() &&
-              scales.scalar_type() == at::kFloat, "scales must be fp32 [N, groups], contiguous");
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.is_contiguous() && scales.scalar_type() == scale_type,
+              "scales must be ", scale_type, " [N, groups], contiguous");
   TORCH_CHECK(K % kBlock == 0 && K % scales.size(1) == 0 && (K / scales.size(1)) % kBlock == 0,
               "input features and the group size must be multiples of ", kBlock);
 }
@@ -579,7 +581,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& scales, int64_t N, int6
 at::Tensor int8_linear(at::Tensor x, at::Tensor w, at::Tensor scales) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kChar, "w must be int8 [N, K]");
   const int64_t N = w.size(0), K = w.size(1);
-  check_inputs(x, scales, N, K);
+  check_inputs(x, scales, at::kFloat, N, K);
   const int64_t groups = scales.size(1);
   return quantised_linear(x, Int8Rows{w.data_ptr<int8_t>(), scales.data_ptr<float>(), K, groups, K / groups}, N);
 }
@@ -588,11 +590,11 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, at::Tensor scales, at::T
   TORCH_CHECK(packed.dim() == 2 && packed.is_contiguous() && packed.scalar_type() == at::kByte,
               "packed must be uint8 [N, K / 2]");
   const int64_t N = packed.size(0), K = 2 * packed.size(1);
-  check_inputs(x, scales, N, K);
-  TORCH_CHECK(mins.sizes() == scales.sizes() && mins.is_contiguous() && mins.scalar_type() == at::kFloat,
+  check_inputs(x, scales, at::kHalf, N, K);
+  TORCH_CHECK(mins.sizes() == scales.sizes() && mins.is_contiguous() && mins.scalar_type() == at::kHalf,
               "mins must be shaped like scales");
   const int64_t groups = scales.size(1);
-  const Int4Rows rows{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(), mins.data_ptr<float>(), K, groups,
+  const Int4Rows rows{packed.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(), mins.data_ptr<at::Half>(), K, groups,
                       K / groups};
   return quantised_linear(x, rows, N);
 }

@@ -1,7 +1,8 @@
 """Weight-only quantisation, done at load time from any checkpoint (vLLM's ``--quantization``).
 
 - ``int8``: one symmetric scale per output channel; weights are round(w / scale) in [-127, 127].
-- ``int4``: a scale and a minimum per group of 32 input features; weights are codes in [0, 15] standing for
+- ``int4``: a scale and a minimum per group of 32 input features, both fp16 as in Q4_1 (fp32 ones made the
+  weights 0.75 bytes each, not 0.625, and the kernels read them every step); weights are codes in [0, 15] standing for
   code * scale + min, two per byte in llama.cpp's Q4_1 block layout (byte i of a 32-feature block: feature i
   low, feature i + 16 high). The minimum matters: a symmetric grid of 16 levels wastes one side of it on every
   group whose weights lean one way.
@@ -22,8 +23,8 @@ INT4_GROUP_SIZE = 32
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """``data`` is int8 ``[N, K]`` or uint8 ``[N, K / 2]``; ``scales`` (and, for int4, ``mins``) fp32
-    ``[N, groups]``. ``tensors`` are what the kernels take after the activations."""
+    """``data`` is int8 ``[N, K]`` with fp32 ``scales`` ``[N, 1]``, or uint8 ``[N, K / 2]`` with fp16 ``scales``
+    and ``mins`` ``[N, groups]``. ``tensors`` are what the kernels take after the activations."""
 
     method: str
     data: torch.Tensor
@@ -59,9 +60,13 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Qu
     if k % group_size or group_size % 32:
         raise ValueError(f"int4 needs input features in groups of a multiple of 32, not {k} in groups of {group_size}")
     groups = weight.float().reshape(n, k // group_size, group_size)
+    if not bool(groups.abs().amax() <= torch.finfo(torch.float16).max):
+        raise ValueError("int4 keeps its minimums in fp16: weights must be finite and within ±65504")
     low, high = groups.amin(dim=2, keepdim=True), groups.amax(dim=2, keepdim=True)
-    scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = ((groups - low) / scales).round().clamp(0, 15).to(torch.uint8).reshape(n, k // 32, 2, 16)
+    # The codes are chosen against the fp16 scale and minimum the kernels will read.
+    low = low.half()
+    scales = ((high - low.float()) / 15).clamp(min=torch.finfo(torch.float16).smallest_normal).half()
+    codes = ((groups - low.float()) / scales.float()).round().clamp(0, 15).to(torch.uint8).reshape(n, k // 32, 2, 16)
     packed = codes[:, :, 0, :] | (codes[:, :, 1, :] << 4)
     return QuantizedWeight(
         "int4", packed.reshape(n, k // 2).contiguous(), scales.reshape(n, -1).contiguous(),
