@@ -39,6 +39,14 @@ def test_int4_reproduces_weights_already_on_a_four_bit_grid_exactly():
     assert torch.allclose(dequantize(quantize(weight, "int4")), weight, atol=1e-5)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 7e4])
+def test_int4_refuses_weights_its_fp16_minimums_cannot_hold(bad):
+    weight = torch.randn(4, 64)
+    weight[2, 40] = bad
+    with pytest.raises(ValueError, match="fp16"):
+        quantize_int4(weight)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     method=st.sampled_from(["int8", "int4"]),
