@@ -60,9 +60,10 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Qu
     if k % group_size or group_size % 32:
         raise ValueError(f"int4 needs input features in groups of a multiple of 32, not {k} in groups of {group_size}")
     groups = weight.float().reshape(n, k // group_size, group_size)
-    if not bool(groups.abs().amax() <= torch.finfo(torch.float16).max):
-        raise ValueError("int4 keeps its minimums in fp16: weights must be finite and within ±65504")
     low, high = groups.amin(dim=2, keepdim=True), groups.amax(dim=2, keepdim=True)
+    # A NaN anywhere makes its group's extremes NaN, and the comparison false.
+    if not bool(torch.maximum(-low, high).amax() <= torch.finfo(torch.float16).max):
+        raise ValueError("int4 keeps its minimums in fp16: weights must be finite and within ±65504")
     # The codes are chosen against the fp16 scale and minimum the kernels will read.
     low = low.half()
     scales = ((high - low.float()) / 15).clamp(min=torch.finfo(torch.float16).smallest_normal).half()
