@@ -1,7 +1,6 @@
-// int4 weights times a few rows of x with AVX2 alone (no AVX512-BF16): each row rounded to 16-bit integers with a
-// scale per block of 32 features, as the int8 path rounds it, and each integer split into a high and a low signed
-// byte (x = 256 * high + low), so that vpmaddubsw, which multiplies 32 unsigned codes (0-15) by 32 signed bytes and
-// adds them in pairs, gives the very integer dot products 16-bit multiply-adds give. Two blocks are read at once:
+// int4 weights times a few rows of x with AVX2 alone (no AVX512-BF16): each row rounded and split into bytes
+// (split_byte_rows.h), so that vpmaddubsw, which multiplies 32 unsigned codes (0-15) by 32 signed bytes and adds
+// them in pairs, gives the very integer dot products 16-bit multiply-adds give. Two blocks are read at once:
 // their 32 bytes of codes hold the low and high halves of both, and x is laid out to meet them as they lie, so
 // that no code moves between lanes, and a pair's two block scales are applied in one multiply.
 //
@@ -17,59 +16,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "rounded_block.h"
 #include "simd_load.h"
+#include "split_byte_rows.h"
 
 #ifdef VIGIL_AVX2
 namespace vigil {
 
-// The largest integer a block's largest magnitude rounds to: 127 * 256, so that the high byte (x + 128) >> 8 stays
-// within a signed byte.
-constexpr float kLargestCode = 32512.f;
-
-// Rows of x rounded to 16 bits and split into bytes, pair-major (blocks 2p and 2p + 1), then row: each row's 128
-// bytes are the high bytes of the two blocks' first halves (features 0-15 of each), of their second halves, then
-// the low bytes alike; a scale per block; and the sum of x over each group (for the weights' minimums). An odd
-// last block is paired with a block of zeros.
-struct BytePairRows {
-  int64_t pairs = 0;
-  std::vector<int8_t> codes;      // [pairs, R, 128]
-  std::vector<float> scales;      // [pairs, R, 2]
-  std::vector<float> group_sums;  // [R, groups]
-};
-
-// A block's scale is its largest magnitude over kLargestCode.
-inline BytePairRows round_rows_to_byte_pairs(const float* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size) {
-  constexpr int64_t kBlock = 32;
-  const int64_t blocks = K / kBlock, groups = K / group_size, pairs = (blocks + 1) / 2;
-  BytePairRows out{pairs, std::vector<int8_t>(pairs * R * 128, 0), std::vector<float>(pairs * R * 2, 0.f),
-                   std::vector<float>(R * groups, 0.f)};
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const RoundedBlock block = round_block(xp + r * ldx + b * kBlock, kLargestCode);
-      // packs interleaves 128-bit halves; the permutes put the values back in order: features 0-15, then 16-31.
-      const __m256i words[2] = {
-          _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[0], block.codes[1]), 0xD8),
-          _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[2], block.codes[3]), 0xD8)};
-      __m256i high[2], low[2];
-      for (int i = 0; i < 2; ++i) {
-        high[i] = _mm256_srai_epi16(_mm256_add_epi16(words[i], _mm256_set1_epi16(128)), 8);
-        low[i] = _mm256_sub_epi16(words[i], _mm256_slli_epi16(high[i], 8));
-      }
-      // Bytes of features 0-15, then of 16-31.
-      const __m256i high_bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(high[0], high[1]), 0xD8);
-      const __m256i low_bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(low[0], low[1]), 0xD8);
-      const int64_t pair = b / 2, half = b % 2;
-      int8_t* row = out.codes.data() + (pair * R + r) * 128 + 16 * half;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(row), _mm256_castsi256_si128(high_bytes));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 32), _mm256_extracti128_si256(high_bytes, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 64), _mm256_castsi256_si128(low_bytes));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 96), _mm256_extracti128_si256(low_bytes, 1));
-      out.scales[(pair * R + r) * 2 + half] = block.amax / kLargestCode;
-      out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
-    }
-  return out;
-}
+using BytePairRows = SplitByteRows<2>;
 
 // A block's 16 bytes of codes against its x: the integer dot product of 32 features.
 inline __m128i block_dot(__m128i codes, const int8_t* x) {
@@ -86,7 +39,7 @@ inline __m128i block_dot(__m128i codes, const int8_t* x) {
 // The odd last block of a row of codes, whose pair is padded with zeros: its 16 bytes in one 128-bit step.
 inline float last_block(const BytePairRows& xq, int64_t R, int64_t r, const uint8_t* codes, const at::Half* row_scales,
                         const std::vector<int32_t>& group_of) {
-  const int64_t pair = xq.pairs - 1, block = 2 * pair;
+  const int64_t pair = xq.steps - 1, block = 2 * pair;
   __m128i sum = block_dot(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * block)),
                           xq.codes.data() + (pair * R + r) * 128);
   sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
@@ -104,7 +57,7 @@ void int4_few_rows_by_bytes(const BytePairRows& xq, int64_t K, int64_t N, const 
   const int64_t blocks = K / 32, groups = w.groups, blocks_per_group = w.group_size / 32;
   const int64_t full_pairs = blocks / 2;
   // Each block's group, so that the pair's two weight scales are found without a division.
-  std::vector<int32_t> group_of(2 * xq.pairs, 0);
+  std::vector<int32_t> group_of(2 * xq.steps, 0);
   for (int64_t b = 0; b < blocks; ++b) group_of[b] = static_cast<int32_t>(b / blocks_per_group);
   at::parallel_for(0, N / S, 16 / S, [&, K, N](int64_t first, int64_t last) {
     const int64_t row_bytes = K / 2;

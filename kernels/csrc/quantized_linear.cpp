@@ -5,9 +5,10 @@
 //
 // A few rows (up to 3 with AVX-512, 8 with AVX2 alone) read each output's codes once, straight into registers: at
 // batch 1 the step is bound by reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32
-// bytes. Without AVX512-BF16 those rows are first rounded to 16-bit integers, a scale per block of 32 features, so
-// that the dot products run as 16-bit multiply-adds (int4 at one row: as byte multiply-adds, int4_few_rows.h);
-// each feature is then off by at most 2^-16 of its block's largest magnitude (llama.cpp rounds to 8 bits). More
+// bytes. int4 rows, and int8 rows without AVX512-BF16, are first rounded to 16-bit integers, a scale per block of
+// 32 features, so that the dot products run as integer multiply-adds: int4's as byte multiply-adds, with
+// AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one row with AVX2 (int4_few_rows.h), int8's as 16-bit
+// ones; each feature is then off by at most 2^-16 of its block's largest magnitude (llama.cpp rounds to 8 bits). More
 // rows: with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else
 // a task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that
 // stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators,
@@ -21,6 +22,7 @@
 
 #include "compile_time_rows.h"
 #include "int4_few_rows.h"
+#include "int4_vnni_rows.h"
 #include "rounded_block.h"
 #include "simd_load.h"
 
@@ -309,58 +311,6 @@ void int8_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, co
 }
 #endif
 
-#ifdef VIGIL_AVX512_BF16
-// The int4 few-rows path in 16 lanes: a block's 16 bytes widen to its 32 codes in one instruction and two bit
-// operations, and the groups' minimums enter once per output and row, as their dot product with the sums of x over
-// each group. Per block it issues about half the AVX2 path's instructions, which bounded that path at one row.
-template <int64_t R>
-inline void int4_block_avx512(const uint8_t* bytes, const float* x, int64_t ldx, __m512 scale, __m512* totals) {
-  const __m512i packed = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
-  const __m512i low = _mm512_set1_epi32(0x0F);
-  const __m512 c0 = _mm512_cvtepi32_ps(_mm512_and_si512(packed, low));
-  const __m512 c1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(packed, 4));
-  for (int64_t r = 0; r < R; ++r) {
-    const float* xr = x + r * ldx;
-    const __m512 partial = _mm512_fmadd_ps(c1, _mm512_loadu_ps(xr + 16), _mm512_mul_ps(c0, _mm512_loadu_ps(xr)));
-    totals[r] = _mm512_fmadd_ps(partial, scale, totals[r]);
-  }
-}
-
-template <int64_t R, typename T>
-void int4_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, const Int4Rows& w, T* yp) {
-  // Four outputs side by side, their blocks interleaved: four streams of codes in flight, as the AVX2 path found.
-  constexpr int64_t together = 4;
-  const int64_t groups = w.groups, blocks = K / kBlock, half = kBlock / 2;
-  std::vector<float> group_sums(R * groups, 0.f);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* xr = xp + r * ldx + b * kBlock;
-      group_sums[r * groups + b * kBlock / w.group_size] +=
-          _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xr), _mm512_loadu_ps(xr + 16)));
-    }
-  at::parallel_for(0, N / together, 16 / together, [&](int64_t first, int64_t last) {
-    const char* end = w.codes(last * together);
-    for (int64_t task = first; task < last; ++task) {
-      const int64_t n0 = task * together;
-      vigil::prefetch_ahead(w.codes(n0), together * K / 2, end);
-      __m512 totals[together][R];
-      for (auto& output : totals)
-        for (auto& total : output) total = _mm512_setzero_ps();
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t k = b * kBlock, group = k / w.group_size;
-        for (int64_t j = 0; j < together; ++j)
-          int4_block_avx512<R>(w.w + (n0 + j) * (K / 2) + b * half, xp + k, ldx,
-                               _mm512_set1_ps(w.scale(n0 + j, group)), totals[j]);
-      }
-      for (int64_t j = 0; j < together; ++j)
-        for (int64_t r = 0; r < R; ++r)
-          yp[r * N + n0 + j] = static_cast<T>(_mm512_reduce_add_ps(totals[j][r]) +
-                                              w.offset(n0 + j, group_sums.data() + r * groups));
-    }
-  });
-}
-#endif
-
 #if defined(VIGIL_AVX2) && !defined(__AVX512F__)
 // A batch of rows with AVX2's 16 registers: the 4 x 4 tiles above keep 16 accumulators and spill. Here, as a
 // GEMM's micro-kernel does, a task dequantises 16 output features into a panel laid out k-major (16 floats per
@@ -479,16 +429,19 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
     const int64_t ldw = wide.stride(0);
     vigil::with_rows<kFewRows>(
         M, [&](auto rows) {
-#ifdef VIGIL_AVX512_BF16
-          if constexpr (std::is_same_v<Rows, Int8Rows>)
-            int8_few_rows_avx512<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp);
-          else
-            int4_few_rows_avx512<decltype(rows)::value>(wp, ldw, K, N, rows_of_w, yp);
-#else
           constexpr int64_t R = decltype(rows)::value;
           constexpr int64_t S = std::max<int64_t>(1, Rows::kSideBySide / R);
+#ifdef __AVX512VNNI__
+          if constexpr (std::is_same_v<Rows, Int4Rows>)
+            vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4>(wp, ldw, R, K, rows_of_w.group_size),
+                                           K, N, rows_of_w, yp);
+          else
+#endif
+#ifdef VIGIL_AVX512_BF16
+            int8_few_rows_avx512<R>(wp, ldw, K, N, rows_of_w, yp);
+#else
           if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1)
-            vigil::int4_few_rows_by_bytes<R, S>(vigil::round_rows_to_byte_pairs(wp, ldw, R, K, rows_of_w.group_size),
+            vigil::int4_few_rows_by_bytes<R, S>(vigil::round_rows_to_split_bytes<2>(wp, ldw, R, K, rows_of_w.group_size),
                                                 K, N, rows_of_w, yp);
           else
             few_rows_into<R, S>(round_rows(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);

@@ -1,0 +1,111 @@
+// int4 weights times one to three rows of x with AVX512-VNNI: x rounded and split into bytes four blocks a step
+// (split_byte_rows.h), so that one vpdpbusd multiplies 64 codes (0-15) by 64 signed bytes and adds them four by
+// four into 32-bit lanes, four lanes a block. A step's 64 bytes of codes are four blocks, and their low and high
+// nibbles meet the blocks' first and second halves of x where they lie. Per row and step: four vpdpbusd (both
+// nibbles against x's high and low bytes), 256 * high + low, and one multiply-add by the four blocks' scales (the
+// weights' times the row's), each spread over its block's lanes. The fp32 path it replaces widened every code to
+// fp32 and issued about twice the instructions per block.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "simd_load.h"
+#include "split_byte_rows.h"
+
+#if defined(VIGIL_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+namespace vigil {
+
+using QuadRows = SplitByteRows<4>;
+
+// y[r, n] for S outputs side by side and every row. Adjacent: a group per block, so that a step's four fp16 weight
+// scales are one 64-bit load. A last step of fewer than four blocks loads its codes and scales under a mask.
+template <int64_t R, int64_t S, bool Adjacent, typename T, typename Rows>
+void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
+  const int64_t blocks = K / 32, groups = w.groups, blocks_per_group = w.group_size / 32;
+  const int64_t full_steps = blocks / 4, tail = blocks % 4;
+  std::vector<int32_t> group_of(4 * xq.steps, 0);
+  for (int64_t b = 0; b < blocks; ++b) group_of[b] = static_cast<int32_t>(b / blocks_per_group);
+  at::parallel_for(0, N / S, 16 / S, [&, K, N](int64_t first, int64_t last) {
+    // Captured values are copied into locals: read through the closure, GCC reloads them every step.
+    const int64_t row_bytes = K / 2;
+    const uint8_t* const all_codes = w.w;
+    const at::Half* const scales = w.scales;
+    const int8_t* const x_codes = xq.codes.data();
+    const float* const x_scales = xq.scales.data();
+    const int32_t* const group_index = group_of.data();
+    const uint8_t* const end = all_codes + last * S * row_bytes;
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __mmask64 tail_bytes = (uint64_t{1} << (16 * tail)) - 1;
+    const __mmask8 tail_scales = static_cast<__mmask8>((1u << tail) - 1);
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t n0 = task * S;
+      const uint8_t* codes = all_codes + n0 * row_bytes;
+      prefetch_ahead(codes, S * row_bytes, end);
+      __m512 totals[S][R];
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < S; ++j)
+#pragma GCC unroll 4
+        for (int64_t r = 0; r < R; ++r) totals[j][r] = _mm512_setzero_ps();
+      const auto step = [&](int64_t q, auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
+        const int8_t* x = x_codes + q * R * QuadRows::kRowBytes;
+        const float* x_scale = x_scales + q * R * 4;
+#pragma GCC unroll 4
+        for (int64_t j = 0; j < S; ++j) {
+          const uint8_t* step_codes = codes + j * row_bytes + 64 * q;
+          const __m512i bytes = kMasked ? _mm512_maskz_loadu_epi8(tail_bytes, step_codes)
+                                        : _mm512_loadu_si512(step_codes);
+          const __m512i low = _mm512_and_si512(bytes, nibble);
+          const __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+          const at::Half* row_scales = scales + (n0 + j) * groups;
+          __m128 w_scale;
+          if constexpr (Adjacent)
+            w_scale = _mm_cvtph_ps(kMasked ? _mm_maskz_loadu_epi16(tail_scales, row_scales + 4 * q)
+                                           : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row_scales + 4 * q)));
+          else
+            w_scale = _mm_setr_ps(static_cast<float>(row_scales[group_index[4 * q]]),
+                                  static_cast<float>(row_scales[group_index[4 * q + 1]]),
+                                  static_cast<float>(row_scales[group_index[4 * q + 2]]),
+                                  static_cast<float>(row_scales[group_index[4 * q + 3]]));
+#pragma GCC unroll 4
+          for (int64_t r = 0; r < R; ++r) {
+            const __m512i* xr = reinterpret_cast<const __m512i*>(x + r * QuadRows::kRowBytes);
+            const __m512i zero = _mm512_setzero_si512();
+            const __m512i high_bytes = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, low, _mm512_loadu_si512(xr)),
+                                                           high, _mm512_loadu_si512(xr + 1));
+            const __m512i low_bytes = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, low, _mm512_loadu_si512(xr + 2)),
+                                                          high, _mm512_loadu_si512(xr + 3));
+            const __m512 sums = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(high_bytes, 8), low_bytes));
+            const __m128 scale = _mm_mul_ps(w_scale, _mm_loadu_ps(x_scale + 4 * r));
+            totals[j][r] = _mm512_fmadd_ps(sums, _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scale)),
+                                           totals[j][r]);
+          }
+        }
+      };
+      for (int64_t q = 0; q < full_steps; ++q) step(q, std::false_type{});
+      if (tail) step(full_steps, std::true_type{});
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < S; ++j)
+#pragma GCC unroll 4
+        for (int64_t r = 0; r < R; ++r)
+          yp[r * N + n0 + j] = static_cast<T>(_mm512_reduce_add_ps(totals[j][r]) +
+                                              w.offset(n0 + j, xq.group_sums.data() + r * groups));
+    }
+  });
+}
+
+template <int64_t R, int64_t S, typename T, typename Rows>
+void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
+  if (w.group_size == 32)
+    int4_rows_by_vnni<R, S, true>(xq, K, N, w, yp);
+  else
+    int4_rows_by_vnni<R, S, false>(xq, K, N, w, yp);
+}
+
+}  // namespace vigil
+#endif

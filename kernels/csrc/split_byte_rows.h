@@ -1,0 +1,72 @@
+// Rows of x for the int4 kernels that multiply bytes (int4_few_rows.h with AVX2, int4_vnni_rows.h with
+// AVX512-VNNI): each row rounded to 16-bit integers with a scale per block of 32 features, as the int8 path rounds
+// it, and each integer split into a high and a low signed byte (x = 256 * high + low), so that byte multiply-adds
+// of the unsigned codes (0-15) against them give the very integer dot products 16-bit multiply-adds give.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "rounded_block.h"
+
+#ifdef VIGIL_AVX2
+namespace vigil {
+
+// The largest integer a block's largest magnitude rounds to: 127 * 256, so that the high byte (x + 128) >> 8 stays
+// within a signed byte.
+constexpr float kLargestCode = 32512.f;
+
+// Rows rounded and split, Blocks blocks a step (the blocks whose codes one register holds), step-major, then row:
+// each row's 64 * Blocks bytes of a step are four parts of 16 * Blocks bytes: the high bytes of the blocks' first
+// halves (features 0-15 of block j at byte 16 * j), of their second halves (features 16-31), then the low bytes
+// alike. So x meets the codes as they lie (a register's block j in bytes 16j-16j+15, its first half in the low
+// nibbles and its second in the high), and no code moves between lanes. A scale per block, and the sum of x over
+// each group (for the weights' minimums). The last step is padded with blocks of zeros.
+template <int64_t Blocks>
+struct SplitByteRows {
+  static constexpr int64_t kPartBytes = 16 * Blocks;
+  static constexpr int64_t kRowBytes = 4 * kPartBytes;
+  int64_t steps = 0;
+  std::vector<int8_t> codes;      // [steps, R, kRowBytes]
+  std::vector<float> scales;      // [steps, R, Blocks]
+  std::vector<float> group_sums;  // [R, groups]
+};
+
+// A block's scale is its largest magnitude over kLargestCode.
+template <int64_t Blocks>
+SplitByteRows<Blocks> round_rows_to_split_bytes(const float* xp, int64_t ldx, int64_t R, int64_t K,
+                                                int64_t group_size) {
+  using Rows = SplitByteRows<Blocks>;
+  constexpr int64_t kBlock = 32, part = Rows::kPartBytes;
+  const int64_t blocks = K / kBlock, groups = K / group_size, steps = (blocks + Blocks - 1) / Blocks;
+  Rows out{steps, std::vector<int8_t>(steps * R * Rows::kRowBytes, 0), std::vector<float>(steps * R * Blocks, 0.f),
+           std::vector<float>(R * groups, 0.f)};
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const RoundedBlock block = round_block(xp + r * ldx + b * kBlock, kLargestCode);
+      // packs interleaves 128-bit halves; the permutes put the values back in order: features 0-15, then 16-31.
+      const __m256i words[2] = {
+          _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[0], block.codes[1]), 0xD8),
+          _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[2], block.codes[3]), 0xD8)};
+      __m256i high[2], low[2];
+      for (int i = 0; i < 2; ++i) {
+        high[i] = _mm256_srai_epi16(_mm256_add_epi16(words[i], _mm256_set1_epi16(128)), 8);
+        low[i] = _mm256_sub_epi16(words[i], _mm256_slli_epi16(high[i], 8));
+      }
+      // Bytes of features 0-15, then of 16-31.
+      const __m256i high_bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(high[0], high[1]), 0xD8);
+      const __m256i low_bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(low[0], low[1]), 0xD8);
+      const int64_t step = b / Blocks, slot = b % Blocks;
+      int8_t* row = out.codes.data() + (step * R + r) * Rows::kRowBytes + 16 * slot;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row), _mm256_castsi256_si128(high_bytes));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + part), _mm256_extracti128_si256(high_bytes, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 2 * part), _mm256_castsi256_si128(low_bytes));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 3 * part), _mm256_extracti128_si256(low_bytes, 1));
+      out.scales[(step * R + r) * Blocks + slot] = block.amax / kLargestCode;
+      out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
+    }
+  return out;
+}
+
+}  // namespace vigil
+#endif
