@@ -66,9 +66,9 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
     assert actual.dtype == dtype and actual.shape == (rows, outputs)
     error = (actual.float() - expected.float()).abs()
     largest = expected.float().abs().max()
-    # Without AVX512-BF16, a few rows are rounded to 16-bit integers per block of 32 features: each feature is off by
-    # at most half a step, its block's largest magnitude / 65534 (int4: / 65024, so that its high byte fits a signed
-    # byte), and an output by the sum of those times |w|. bf16 outputs are rounded besides.
+    # A few rows are rounded to 16-bit integers per block of 32 features: each feature is off by at most half a step,
+    # its block's largest magnitude / 65534 (int4: / 65024, so that its high byte fits a signed byte), and an output
+    # by the sum of those times |w|. bf16 outputs are rounded besides.
     half_steps = 65024 if method == "int4" else 65534
     block_largest = x.float().abs().reshape(rows, -1, 32).amax(dim=2).repeat_interleave(32, dim=1)
     rounding = (block_largest / half_steps) @ dequantize(weight).abs().T

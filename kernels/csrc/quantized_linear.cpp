@@ -5,10 +5,9 @@
 //
 // A few rows (up to 3 with AVX-512, 8 with AVX2 alone) read each output's codes once, straight into registers: at
 // batch 1 the step is bound by reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32
-// bytes. int4 rows, and int8 rows without AVX512-BF16, are first rounded to 16-bit integers, a scale per block of
-// 32 features, so that the dot products run as integer multiply-adds: int4's as byte multiply-adds, with
-// AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one row with AVX2 (int4_few_rows.h), int8's as 16-bit
-// ones; each feature is then off by at most 2^-16 of its block's largest magnitude (llama.cpp rounds to 8 bits). More
+// bytes. Those rows are first rounded to 16-bit integers, a scale per block of 32 features, so that the dot
+// products run as integer multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant,
+// int4_vnni_rows.h) or at one row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its block's largest magnitude (llama.cpp rounds to 8 bits). More
 // rows: with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else
 // a task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that
 // stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators,
@@ -275,36 +274,46 @@ void few_rows_into(const Int16Rows& xq, int64_t K, int64_t N, const Rows& w, T* 
 }
 #endif
 
-#ifdef VIGIL_AVX512_BF16
-// The int8 few-rows path in 16 lanes: 32 codes widened in four instructions, each group's sum scaled once, and no
-// horizontal sum until the end of a row. Per 32 weights it issues about half the AVX2 path's instructions, which
-// bounded that path at one row (11.8 ms a SmolLM2 step against a 5.4 ms weight-read floor on two Xeon cores).
+#ifdef __AVX512VNNI__
+// The int8 few-rows path with AVX512-VNNI: each block's 32 codes widened to 16 bits in one instruction, so that one
+// vpdpwssd multiplies them by a row's 16-bit integers (round_rows) and adds the products in pairs; each block's sum
+// is scaled by the row's block scale, and each group's by the weights'. The fp32 path it replaces widened the codes
+// to fp32 in four instructions a block and ran two multiply-adds a row.
 template <int64_t R, typename T>
-void int8_few_rows_avx512(const float* xp, int64_t ldx, int64_t K, int64_t N, const Int8Rows& w, T* yp) {
-  at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
-    const char* end = w.codes(last);
+void int8_rows_by_vnni(const Int16Rows& xq, int64_t K, int64_t N, const Int8Rows& w, T* yp) {
+  at::parallel_for(0, N, 16, [&, K, N](int64_t first, int64_t last) {
+    // Captured values are copied into locals: read through the closure, GCC reloads them every block.
+    const int64_t groups = w.groups, blocks_per_group = w.group_size / kBlock;
+    const int16_t* const x_codes = xq.codes.data();
+    const float* const x_scales = xq.scales.data();
+    const char* const end = w.codes(last);
     for (int64_t n = first; n < last; ++n) {
       const int8_t* codes = w.w + n * K;
       __m512 totals[R];
-      for (auto& total : totals) total = _mm512_setzero_ps();
-      for (int64_t g = 0; g < w.groups; ++g) {
+#pragma GCC unroll 4
+      for (int64_t r = 0; r < R; ++r) totals[r] = _mm512_setzero_ps();
+      for (int64_t g = 0, b = 0; g < groups; ++g) {
         __m512 sums[R];
-        for (auto& sum : sums) sum = _mm512_setzero_ps();
-        for (int64_t k = g * w.group_size; k < (g + 1) * w.group_size; k += kBlock) {
+#pragma GCC unroll 4
+        for (int64_t r = 0; r < R; ++r) sums[r] = _mm512_setzero_ps();
+        for (const int64_t group_end = b + blocks_per_group; b < group_end; ++b) {
           // Prefetched a block at a time, as few_rows_linear.cpp does: a whole row's lines at once stall (one
           // and two rows 5-9% slower).
-          vigil::prefetch_ahead(codes + k, kBlock, end);
-          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + k));
-          const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
-          const __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+          vigil::prefetch_ahead(codes + b * kBlock, kBlock, end);
+          const __m512i wide =
+              _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * kBlock)));
+#pragma GCC unroll 4
           for (int64_t r = 0; r < R; ++r) {
-            const float* xr = xp + r * ldx + k;
-            sums[r] = _mm512_fmadd_ps(c1, _mm512_loadu_ps(xr + 16), _mm512_fmadd_ps(c0, _mm512_loadu_ps(xr), sums[r]));
+            const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wide,
+                                                    _mm512_loadu_si512(x_codes + (b * R + r) * kBlock));
+            sums[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x_scales[b * R + r]), sums[r]);
           }
         }
-        const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
+        const __m512 scale = _mm512_set1_ps(w.scale(n, g));
+#pragma GCC unroll 4
         for (int64_t r = 0; r < R; ++r) totals[r] = _mm512_fmadd_ps(sums[r], scale, totals[r]);
       }
+#pragma GCC unroll 4
       for (int64_t r = 0; r < R; ++r) yp[r * N + n] = static_cast<T>(_mm512_reduce_add_ps(totals[r]));
     }
   });
@@ -436,9 +445,7 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
             vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4>(wp, ldw, R, K, rows_of_w.group_size),
                                            K, N, rows_of_w, yp);
           else
-#endif
-#ifdef VIGIL_AVX512_BF16
-            int8_few_rows_avx512<R>(wp, ldw, K, N, rows_of_w, yp);
+            int8_rows_by_vnni<R>(round_rows(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
 #else
           if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1)
             vigil::int4_few_rows_by_bytes<R, S>(vigil::round_rows_to_split_bytes<2>(wp, ldw, R, K, rows_of_w.group_size),
