@@ -76,7 +76,7 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
     assert bool((error <= rounding * 1.001 + slack * largest).all()), float((error - rounding).max())
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("group_size", [64, 96])
 def test_int4_groups_of_several_blocks_match_the_torch_oracle(compiled, rows, group_size):
     """Groups wider than a block: with three blocks a group, the few-rows path's pairs of blocks straddle groups."""

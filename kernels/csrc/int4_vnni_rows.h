@@ -49,7 +49,7 @@ void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, 
       __m512 totals[S][R];
 #pragma GCC unroll 4
       for (int64_t j = 0; j < S; ++j)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int64_t r = 0; r < R; ++r) totals[j][r] = _mm512_setzero_ps();
       const auto step = [&](int64_t q, auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
@@ -72,7 +72,7 @@ void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, 
                                   static_cast<float>(row_scales[group_index[4 * q + 1]]),
                                   static_cast<float>(row_scales[group_index[4 * q + 2]]),
                                   static_cast<float>(row_scales[group_index[4 * q + 3]]));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int64_t r = 0; r < R; ++r) {
             const __m512i* xr = reinterpret_cast<const __m512i*>(x + r * QuadRows::kRowBytes);
             const __m512i zero = _mm512_setzero_si512();
@@ -91,7 +91,7 @@ void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, 
       if (tail) step(full_steps, std::true_type{});
 #pragma GCC unroll 4
       for (int64_t j = 0; j < S; ++j)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int64_t r = 0; r < R; ++r)
           yp[r * N + n0 + j] = static_cast<T>(_mm512_reduce_add_ps(totals[j][r]) +
                                               w.offset(n0 + j, xq.group_sums.data() + r * groups));

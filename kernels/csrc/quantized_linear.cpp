@@ -3,15 +3,16 @@
 // scale per output channel; groups are multiples of 32). x is fp32 or bf16, [M, K]; y has
 // x's dtype, [M, N].
 //
-// A few rows (up to 3 with AVX-512, 8 with AVX2 alone) read each output's codes once, straight into registers: at
-// batch 1 the step is bound by reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32
-// bytes. Those rows are first rounded to 16-bit integers, a scale per block of 32 features, so that the dot
-// products run as integer multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant,
-// int4_vnni_rows.h) or at one row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its block's largest magnitude (llama.cpp rounds to 8 bits). More
-// rows: with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else
-// a task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that
-// stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators,
-// each weight loaded once per 4 rows. With AVX512-BF16, 12 or more bf16 rows go to oneDNN instead.
+// A few rows (up to 8) read each output's codes once, straight into registers: at batch 1 the step is bound by
+// reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32 bytes. Those rows are first
+// rounded to 16-bit integers, a scale per block of 32 features, so that the dot products run as integer
+// multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one
+// row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its
+// block's largest magnitude (llama.cpp rounds to 8 bits). More rows: with AVX2 alone, 16 outputs at a time
+// dequantised into a k-major panel and a GEMM micro-kernel over it; else a task owns 4 output features, dequantises
+// their weights (integer times group scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs
+// every row of x against them in 4 rows x 4 outputs of accumulators, each weight loaded once per 4 rows. With
+// AVX512-BF16, 12 or more bf16 rows go to oneDNN instead.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -183,13 +184,10 @@ void tile(const T* x, int64_t ldx, int64_t rows, const float* weights, int64_t l
 }
 
 #ifdef VIGIL_AVX2
-// Up to 8 rows with AVX2 alone: on two Zen 3 cores these took 0.57-0.69x the time of the tiles or panels at 4, 6 and
-// 8 rows (int8; int4 0.60-0.94x). The AVX-512 variants keep the tiles from 4 rows: not measured there.
-#ifdef __AVX512F__
-constexpr int64_t kFewRows = kRows - 1;
-#else
+// Up to 8 rows: with AVX2 alone, on two Zen 3 cores, these took 0.57-0.69x the time of the tiles or panels at 4, 6
+// and 8 rows (int8; int4 0.60-0.94x); with AVX512-VNNI, on two Zen 5 cores, SmolLM2's 120 layers in turn took
+// 0.43-0.45x the tiles' time at 4 rows, 0.42-0.44x at 6 and 0.51-0.56x at 8 (int8 and int4).
 constexpr int64_t kFewRows = 8;
-#endif
 
 // Few rows (decoding a few sequences, or one with its speculative guesses) rounded to 16-bit integers, block-major
 // so that one block's rows sit side by side: codes [blocks, R, 32], a scale per block and row [blocks, R], and the
@@ -290,11 +288,11 @@ void int8_rows_by_vnni(const Int16Rows& xq, int64_t K, int64_t N, const Int8Rows
     for (int64_t n = first; n < last; ++n) {
       const int8_t* codes = w.w + n * K;
       __m512 totals[R];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int64_t r = 0; r < R; ++r) totals[r] = _mm512_setzero_ps();
       for (int64_t g = 0, b = 0; g < groups; ++g) {
         __m512 sums[R];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int64_t r = 0; r < R; ++r) sums[r] = _mm512_setzero_ps();
         for (const int64_t group_end = b + blocks_per_group; b < group_end; ++b) {
           // Prefetched a block at a time, as few_rows_linear.cpp does: a whole row's lines at once stall (one
@@ -302,7 +300,7 @@ void int8_rows_by_vnni(const Int16Rows& xq, int64_t K, int64_t N, const Int8Rows
           vigil::prefetch_ahead(codes + b * kBlock, kBlock, end);
           const __m512i wide =
               _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * kBlock)));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int64_t r = 0; r < R; ++r) {
             const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wide,
                                                     _mm512_loadu_si512(x_codes + (b * R + r) * kBlock));
@@ -310,10 +308,10 @@ void int8_rows_by_vnni(const Int16Rows& xq, int64_t K, int64_t N, const Int8Rows
           }
         }
         const __m512 scale = _mm512_set1_ps(w.scale(n, g));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int64_t r = 0; r < R; ++r) totals[r] = _mm512_fmadd_ps(sums[r], scale, totals[r]);
       }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int64_t r = 0; r < R; ++r) yp[r * N + n] = static_cast<T>(_mm512_reduce_add_ps(totals[r]));
     }
   });
@@ -448,8 +446,8 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
             int8_rows_by_vnni<R>(round_rows(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
 #else
           if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1)
-            vigil::int4_few_rows_by_bytes<R, S>(vigil::round_rows_to_split_bytes<2>(wp, ldw, R, K, rows_of_w.group_size),
-                                                K, N, rows_of_w, yp);
+            vigil::int4_few_rows_by_bytes<R, S>(
+                vigil::round_rows_to_split_bytes<2>(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
           else
             few_rows_into<R, S>(round_rows(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
 #endif
@@ -490,9 +488,10 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
 #ifdef VIGIL_AVX512_BF16
 // With AVX512-BF16, a batch of bf16 rows runs faster through oneDNN's bf16 GEMM, over the weights dequantised to
 // bf16 for this call only, than through the fp32 tiles above: its dot products do twice the work an instruction.
-// Measured on SmolLM2's shapes: the tiles win at 8 rows (252 against 282 us for 3072 x 576), the GEMM from 16
-// (375 against 667 us; 752 against 2179 at 64 rows).
-constexpr int64_t kDequantisedRows = 12;
+// Measured on SmolLM2's shapes: the GEMM from 16 rows (375 against 667 us for 3072 x 576; 752 against 2179 at 64
+// rows). Below that the few-rows kernels take up to 8 rows, and the GEMM the rest: on two Zen 5 cores, SmolLM2's
+// 120 layers took 10.7 ms at 9 rows against the tiles' 14.1-14.6 (0.57-0.63x the tiles' time at 11 rows).
+constexpr int64_t kDequantisedRows = kFewRows + 1;
 
 // A block of 32 weights of output n, dequantised in registers and rounded to bf16 as fp32 would be: the same
 // multiply-adds as dequantise(), with no fp32 row between.
