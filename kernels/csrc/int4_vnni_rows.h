@@ -1,4 +1,4 @@
-// int4 weights times one to three rows of x with AVX512-VNNI: x rounded and split into bytes four blocks a step
+// int4 weights times one to eight rows of x with AVX512-VNNI: x rounded and split into bytes four blocks a step
 // (split_byte_rows.h), so that one vpdpbusd multiplies 64 codes (0-15) by 64 signed bytes and adds them four by
 // four into 32-bit lanes, four lanes a block. A step's 64 bytes of codes are four blocks, and their low and high
 // nibbles meet the blocks' first and second halves of x where they lie. Per row and step: four vpdpbusd (both

@@ -12,7 +12,7 @@
 // dequantised into a k-major panel and a GEMM micro-kernel over it; else a task owns 4 output features, dequantises
 // their weights (integer times group scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs
 // every row of x against them in 4 rows x 4 outputs of accumulators, each weight loaded once per 4 rows. With
-// AVX512-BF16, 12 or more bf16 rows go to oneDNN instead.
+// AVX512-BF16, 9 or more bf16 rows go to oneDNN instead.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
