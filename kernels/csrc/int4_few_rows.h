@@ -1,4 +1,4 @@
-// int4 weights times a few rows of x with AVX2 alone (no AVX512-BF16): each row rounded and split into bytes
+// int4 weights times a few rows of x with AVX2 alone (no AVX512-VNNI): each row rounded and split into bytes
 // (split_byte_rows.h), so that vpmaddubsw, which multiplies 32 unsigned codes (0-15) by 32 signed bytes and adds
 // them in pairs, gives the very integer dot products 16-bit multiply-adds give. Two blocks are read at once:
 // their 32 bytes of codes hold the low and high halves of both, and x is laid out to meet them as they lie, so
@@ -37,15 +37,15 @@ inline __m128i block_dot(__m128i codes, const int8_t* x) {
 }
 
 // The odd last block of a row of codes, whose pair is padded with zeros: its 16 bytes in one 128-bit step.
-inline float last_block(const BytePairRows& xq, int64_t R, int64_t r, const uint8_t* codes, const at::Half* row_scales,
-                        const std::vector<int32_t>& group_of) {
+inline float last_block(const BytePairRows& xq, int64_t R, int64_t r, const uint8_t* codes,
+                        const at::Half* row_scales) {
   const int64_t pair = xq.steps - 1, block = 2 * pair;
   __m128i sum = block_dot(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * block)),
                           xq.codes.data() + (pair * R + r) * 128);
   sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
   sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
   return static_cast<float>(_mm_cvtsi128_si32(sum)) *
-         (static_cast<float>(row_scales[group_of[block]]) * xq.scales[(pair * R + r) * 2]);
+         (static_cast<float>(row_scales[xq.block_groups[block]]) * xq.scales[(pair * R + r) * 2]);
 }
 
 // y[r, n] for S outputs side by side and every row, as few_rows_into does with 16-bit rows. A pair of blocks per
@@ -54,18 +54,15 @@ inline float last_block(const BytePairRows& xq, int64_t R, int64_t r, const uint
 // sums landed in. Adjacent: a group per block, so that a pair's two fp16 weight scales are read as one 32-bit load.
 template <int64_t R, int64_t S, bool Adjacent, typename T, typename Rows>
 void int4_few_rows_by_bytes(const BytePairRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
-  const int64_t blocks = K / 32, groups = w.groups, blocks_per_group = w.group_size / 32;
+  const int64_t blocks = K / 32, groups = w.groups;
   const int64_t full_pairs = blocks / 2;
-  // Each block's group, so that the pair's two weight scales are found without a division.
-  std::vector<int32_t> group_of(2 * xq.steps, 0);
-  for (int64_t b = 0; b < blocks; ++b) group_of[b] = static_cast<int32_t>(b / blocks_per_group);
   at::parallel_for(0, N / S, 16 / S, [&, K, N](int64_t first, int64_t last) {
     const int64_t row_bytes = K / 2;
     const uint8_t* const all_codes = reinterpret_cast<const uint8_t*>(w.w);
     const at::Half* const scales = w.scales;
     const int8_t* const x_codes = xq.codes.data();
     const float* const x_scales = xq.scales.data();
-    const int32_t* const group_index = group_of.data();
+    const int32_t* const group_index = xq.block_groups.data();
     const uint8_t* const end = all_codes + last * S * row_bytes;
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1), times256 = _mm256_set1_epi16(256);
@@ -113,7 +110,7 @@ void int4_few_rows_by_bytes(const BytePairRows& xq, int64_t K, int64_t N, const 
 #pragma GCC unroll 8
         for (int64_t r = 0; r < R; ++r) {
           float total = horizontal_sum(totals[j][r]);
-          if (blocks % 2) total += last_block(xq, R, r, codes + j * row_bytes, scales + (n0 + j) * groups, group_of);
+          if (blocks % 2) total += last_block(xq, R, r, codes + j * row_bytes, scales + (n0 + j) * groups);
           yp[r * N + n0 + j] = static_cast<T>(total + w.offset(n0 + j, xq.group_sums.data() + r * groups));
         }
     }
@@ -122,10 +119,9 @@ void int4_few_rows_by_bytes(const BytePairRows& xq, int64_t K, int64_t N, const 
 
 template <int64_t R, int64_t S, typename T, typename Rows>
 void int4_few_rows_by_bytes(const BytePairRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
-  if (w.group_size == 32)
-    int4_few_rows_by_bytes<R, S, true>(xq, K, N, w, yp);
-  else
-    int4_few_rows_by_bytes<R, S, false>(xq, K, N, w, yp);
+  with_adjacent_scales(w.group_size, [&](auto adjacent) {
+    int4_few_rows_by_bytes<R, S, decltype(adjacent)::value>(xq, K, N, w, yp);
+  });
 }
 
 }  // namespace vigil

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "simd_load.h"
 #include "split_byte_rows.h"
@@ -25,10 +24,8 @@ using QuadRows = SplitByteRows<4>;
 // scales are one 64-bit load. A last step of fewer than four blocks loads its codes and scales under a mask.
 template <int64_t R, int64_t S, bool Adjacent, typename T, typename Rows>
 void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
-  const int64_t blocks = K / 32, groups = w.groups, blocks_per_group = w.group_size / 32;
+  const int64_t blocks = K / 32, groups = w.groups;
   const int64_t full_steps = blocks / 4, tail = blocks % 4;
-  std::vector<int32_t> group_of(4 * xq.steps, 0);
-  for (int64_t b = 0; b < blocks; ++b) group_of[b] = static_cast<int32_t>(b / blocks_per_group);
   at::parallel_for(0, N / S, 16 / S, [&, K, N](int64_t first, int64_t last) {
     // Captured values are copied into locals: read through the closure, GCC reloads them every step.
     const int64_t row_bytes = K / 2;
@@ -36,7 +33,7 @@ void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, 
     const at::Half* const scales = w.scales;
     const int8_t* const x_codes = xq.codes.data();
     const float* const x_scales = xq.scales.data();
-    const int32_t* const group_index = group_of.data();
+    const int32_t* const group_index = xq.block_groups.data();
     const uint8_t* const end = all_codes + last * S * row_bytes;
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -101,10 +98,9 @@ void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, 
 
 template <int64_t R, int64_t S, typename T, typename Rows>
 void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
-  if (w.group_size == 32)
-    int4_rows_by_vnni<R, S, true>(xq, K, N, w, yp);
-  else
-    int4_rows_by_vnni<R, S, false>(xq, K, N, w, yp);
+  with_adjacent_scales(w.group_size, [&](auto adjacent) {
+    int4_rows_by_vnni<R, S, decltype(adjacent)::value>(xq, K, N, w, yp);
+  });
 }
 
 }  // namespace vigil

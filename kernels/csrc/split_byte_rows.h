@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "rounded_block.h"
@@ -20,17 +21,29 @@ constexpr float kLargestCode = 32512.f;
 // each row's 64 * Blocks bytes of a step are four parts of 16 * Blocks bytes: the high bytes of the blocks' first
 // halves (features 0-15 of block j at byte 16 * j), of their second halves (features 16-31), then the low bytes
 // alike. So x meets the codes as they lie (a register's block j in bytes 16j-16j+15, its first half in the low
-// nibbles and its second in the high), and no code moves between lanes. A scale per block, and the sum of x over
-// each group (for the weights' minimums). The last step is padded with blocks of zeros.
+// nibbles and its second in the high), and no code moves between lanes. A scale per block, the sum of x over
+// each group (for the weights' minimums), and each block's group, so that a step's weight scales are found without
+// a division. The last step is padded with blocks of zeros, in group 0.
 template <int64_t Blocks>
 struct SplitByteRows {
   static constexpr int64_t kPartBytes = 16 * Blocks;
   static constexpr int64_t kRowBytes = 4 * kPartBytes;
   int64_t steps = 0;
-  std::vector<int8_t> codes;      // [steps, R, kRowBytes]
-  std::vector<float> scales;      // [steps, R, Blocks]
-  std::vector<float> group_sums;  // [R, groups]
+  std::vector<int8_t> codes;          // [steps, R, kRowBytes]
+  std::vector<float> scales;          // [steps, R, Blocks]
+  std::vector<float> group_sums;      // [R, groups]
+  std::vector<int32_t> block_groups;  // [steps * Blocks]
 };
+
+// f(std::true_type{}) where each group is one block, so that a step's fp16 weight scales lie side by side and load
+// as one; else f(std::false_type{}).
+template <typename F>
+void with_adjacent_scales(int64_t group_size, const F& f) {
+  if (group_size == 32)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
 
 // A block's scale is its largest magnitude over kLargestCode.
 template <int64_t Blocks>
@@ -40,7 +53,8 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const float* xp, int64_t ldx, in
   constexpr int64_t kBlock = 32, part = Rows::kPartBytes;
   const int64_t blocks = K / kBlock, groups = K / group_size, steps = (blocks + Blocks - 1) / Blocks;
   Rows out{steps, std::vector<int8_t>(steps * R * Rows::kRowBytes, 0), std::vector<float>(steps * R * Blocks, 0.f),
-           std::vector<float>(R * groups, 0.f)};
+           std::vector<float>(R * groups, 0.f), std::vector<int32_t>(steps * Blocks, 0)};
+  for (int64_t b = 0; b < blocks; ++b) out.block_groups[b] = static_cast<int32_t>(b * kBlock / group_size);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const RoundedBlock block = round_block(xp + r * ldx + b * kBlock, kLargestCode);
