@@ -208,6 +208,15 @@ def stream_chat(server: APIServer) -> int:
 @pytest.fixture(scope="module")
 def traffic(server, prometheus, instance):
     """Real requests of every kind the dashboards show, then enough scrapes that Prometheus holds them all."""
+    # A request's series (the HTTP counter's route and code, the finished-request histograms) are born with the first
+    # request that writes them, already holding its counts. If every request landed between two scrapes, each
+    # series would enter Prometheus at its final value and a rate over it would see no increase (on a fast CPU
+    # the traffic fits in one scrape interval). So one request goes first and is scraped before the rest.
+    answered = f'sum(vigil_http_requests_total{{instance="{instance}", {API_ROUTES}}})'
+    before = scalar(prometheus, answered) or 0
+    complete(server, PARALLEL_COMPLETIONS[0])
+    wait_until(lambda: (scalar(prometheus, answered) or 0) > before, 30, interval=0.25,
+               what=lambda: f"the first API request in Prometheus: {answered} = {scalar(prometheus, answered)}")
     with concurrent.futures.ThreadPoolExecutor(len(PARALLEL_COMPLETIONS)) as pool:
         completions = list(pool.map(lambda body: complete(server, body), PARALLEL_COMPLETIONS))
     streamed = stream_chat(server)
@@ -225,11 +234,10 @@ def traffic(server, prometheus, instance):
     )
     assert rejected.status_code == 400, rejected.text
     assert len(completions) == len(PARALLEL_COMPLETIONS) and streamed > 1
-    api_requests = len(completions) + 2 + 2 + 2
+    api_requests = 1 + len(completions) + 2 + 2 + 2
 
     # Prometheus has scraped after the last request, then a few more times, so that rates span the traffic.
     # (Finished requests also count the readiness probe's canaries, so the HTTP counter is the one to wait on.)
-    answered = f'sum(vigil_http_requests_total{{instance="{instance}", {API_ROUTES}}})'
     wait_until(
         lambda: (scalar(prometheus, answered) or 0) >= api_requests,
         30,
