@@ -11,6 +11,17 @@ from server.models.linear import QuantizedLinear, make_linear
 from server.models.quantization import dequantize, quantize, quantize_int4
 
 
+def span_largest(x: torch.Tensor, group_size: int, span: int) -> torch.Tensor:
+    """Each feature's x rounds against the largest magnitude of its span: runs of up to ``span`` features within
+    each group of the weights."""
+    largest = torch.empty_like(x, dtype=torch.float32)
+    for group in range(0, x.shape[1], group_size):
+        for first in range(group, group + group_size, span):
+            end = min(first + span, group + group_size)
+            largest[:, first:end] = x[:, first:end].float().abs().amax(dim=1, keepdim=True)
+    return largest
+
+
 @pytest.fixture(scope="module")
 def compiled():
     module = cpu.load()
@@ -66,12 +77,12 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
     assert actual.dtype == dtype and actual.shape == (rows, outputs)
     error = (actual.float() - expected.float()).abs()
     largest = expected.float().abs().max()
-    # A few rows are rounded to 16-bit integers per block of 32 features: each feature is off by at most half a step,
-    # its block's largest magnitude / 65534 (int4: / 65024, so that its high byte fits a signed byte), and an output
-    # by the sum of those times |w|. bf16 outputs are rounded besides.
+    # A few rows are rounded to 16-bit integers: each feature is off by at most half a step, the largest magnitude of
+    # its span / 65534 (int4: its block of 32 / 65024, so that its high byte fits a signed byte; int8: up to 4096
+    # features), and an output by the sum of those times |w|. bf16 outputs are rounded besides.
     half_steps = 65024 if method == "int4" else 65534
-    block_largest = x.float().abs().reshape(rows, -1, 32).amax(dim=2).repeat_interleave(32, dim=1)
-    rounding = (block_largest / half_steps) @ dequantize(weight).abs().T
+    largest_of_span = span_largest(x, inputs, 32 if method == "int4" else 4096)
+    rounding = (largest_of_span / half_steps) @ dequantize(weight).abs().T
     slack = 1e-2 if dtype == torch.bfloat16 else 1e-5
     assert bool((error <= rounding * 1.001 + slack * largest).all()), float((error - rounding).max())
 
@@ -87,6 +98,23 @@ def test_int4_groups_of_several_blocks_match_the_torch_oracle(compiled, rows, gr
     error = (compiled.int4_linear(x, *weight.tensors) - expected).abs()
     block_largest = x.abs().reshape(rows, -1, 32).amax(dim=2).repeat_interleave(32, dim=1)
     rounding = (block_largest / 65024) @ dequantize(weight).abs().T
+    assert bool((error <= rounding * 1.001 + 1e-5 * expected.abs().max()).all())
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize(("inputs", "group_size"), [(4192, 4192), (4160, 2080), (576, 64)])
+def test_int8_spans_and_groups_match_the_torch_oracle(compiled, rows, inputs, group_size):
+    """The few-rows path sums a span of up to 128 blocks in integers: 131 blocks are a span of 128 and one of 3,
+    groups of 65 blocks a span each, groups of 2 blocks 288 spans. One feature 50 times the rest rounds only its
+    own span coarser."""
+    generator = torch.Generator().manual_seed(inputs + group_size + rows)
+    codes = torch.randint(-127, 128, (20, inputs), generator=generator, dtype=torch.int8)
+    scales = torch.rand(20, inputs // group_size, generator=generator) / 100
+    x = torch.randn(rows, inputs, generator=generator)
+    x[:, -5] *= 50
+    expected = reference.int8_linear(x, codes, scales)
+    error = (compiled.int8_linear(x, codes, scales) - expected).abs()
+    rounding = (span_largest(x, group_size, 4096) / 65534) @ reference.dequantize_int8(codes, scales).abs().T
     assert bool((error <= rounding * 1.001 + 1e-5 * expected.abs().max()).all())
 
 

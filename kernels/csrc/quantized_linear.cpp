@@ -23,7 +23,7 @@
 #include "compile_time_rows.h"
 #include "int4_few_rows.h"
 #include "int4_vnni_rows.h"
-#include "lane_sums.h"
+#include "int8_vnni_rows.h"
 #include "rounded_block.h"
 #include "simd_load.h"
 
@@ -273,87 +273,6 @@ void few_rows_into(const Int16Rows& xq, int64_t K, int64_t N, const Rows& w, T* 
 }
 #endif
 
-#ifdef __AVX512VNNI__
-// The int8 few-rows path with AVX512-VNNI: each block's 32 codes widened to 16 bits in one instruction, so that one
-// vpdpwssd multiplies them by a row's 16-bit integers (round_rows) and adds the products in pairs; each block's sum
-// is scaled by the row's block scale, and each group's by the weights'. The fp32 path it replaces widened the codes
-// to fp32 in four instructions a block and ran two multiply-adds a row.
-// Sixteen outputs end together (lane_sums.h), and one or two rows keep two chains of multiply-adds, so that a
-// block does not wait on the one before. On two Zen 5 cores, SmolLM2's 120 layers from memory took 0.92-0.97x the
-// time at one and two rows, 0.95x at eight; one 3072 x 576 layer from cache 0.82-0.94x at one row, 0.87x at two.
-constexpr int64_t int8_chains(int64_t rows) { return rows <= 2 ? 2 : 1; }
-
-template <int64_t R, typename T, int64_t C = int8_chains(R)>
-void int8_rows_by_vnni(const Int16Rows& xq, int64_t K, int64_t N, const Int8Rows& w, T* yp) {
-  at::parallel_for(0, N, 16, [&, K, N](int64_t first, int64_t last) {
-    // Captured values are copied into locals: read through the closure, GCC reloads them every block.
-    const int64_t groups = w.groups, blocks_per_group = w.group_size / kBlock;
-    const int16_t* const x_codes = xq.codes.data();
-    const float* const x_scales = xq.scales.data();
-    const char* const end = w.codes(last);
-    // Output n's sums, one vector a row, kept in registers until they are written to `sums_of_n`.
-    const auto sum_output = [&](int64_t n, __m512 (&sums_of_n)[R]) {
-      const int8_t* codes = w.w + n * K;
-      __m512 totals[R];
-#pragma GCC unroll 8
-      for (int64_t r = 0; r < R; ++r) totals[r] = _mm512_setzero_ps();
-      for (int64_t g = 0, b = 0; g < groups; ++g) {
-        __m512 sums[C][R];
-#pragma GCC unroll 4
-        for (int64_t c = 0; c < C; ++c)
-#pragma GCC unroll 8
-          for (int64_t r = 0; r < R; ++r) sums[c][r] = _mm512_setzero_ps();
-        const auto add_block = [&](int64_t b, __m512(&chain)[R]) {
-          // Prefetched a block at a time, as few_rows_linear.cpp does: a whole row's lines at once stall (one
-          // and two rows 5-9% slower).
-          vigil::prefetch_ahead(codes + b * kBlock, kBlock, end);
-          const __m512i wide =
-              _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * kBlock)));
-#pragma GCC unroll 8
-          for (int64_t r = 0; r < R; ++r) {
-            const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wide,
-                                                    _mm512_loadu_si512(x_codes + (b * R + r) * kBlock));
-            chain[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x_scales[b * R + r]), chain[r]);
-          }
-        };
-        const int64_t group_end = b + blocks_per_group;
-        for (; b + C <= group_end; b += C)
-#pragma GCC unroll 4
-          for (int64_t c = 0; c < C; ++c) add_block(b + c, sums[c]);
-        for (; b < group_end; ++b) add_block(b, sums[0]);
-        const __m512 scale = _mm512_set1_ps(w.scale(n, g));
-#pragma GCC unroll 4
-        for (int64_t c = 1; c < C; ++c)
-#pragma GCC unroll 8
-          for (int64_t r = 0; r < R; ++r) sums[0][r] = _mm512_add_ps(sums[0][r], sums[c][r]);
-#pragma GCC unroll 8
-        for (int64_t r = 0; r < R; ++r) totals[r] = _mm512_fmadd_ps(sums[0][r], scale, totals[r]);
-      }
-#pragma GCC unroll 8
-      for (int64_t r = 0; r < R; ++r) sums_of_n[r] = totals[r];
-    };
-    for (int64_t n0 = first; n0 < last; n0 += 16) {
-      const int64_t count = std::min<int64_t>(16, last - n0);
-      __m512 outputs[16][R];
-      for (int64_t j = 0; j < 16; ++j) {
-        if (j < count) {
-          sum_output(n0 + j, outputs[j]);
-          continue;
-        }
-#pragma GCC unroll 8
-        for (int64_t r = 0; r < R; ++r) outputs[j][r] = _mm512_setzero_ps();
-      }
-#pragma GCC unroll 8
-      for (int64_t r = 0; r < R; ++r) {
-        __m512 row[16];
-        for (int64_t j = 0; j < 16; ++j) row[j] = outputs[j][r];
-        vigil::store_lanes(yp + r * N + n0, vigil::lane_sums(row), count);
-      }
-    }
-  });
-}
-#endif
-
 #if defined(VIGIL_AVX2) && !defined(__AVX512F__)
 // A batch of rows with AVX2's 16 registers: the 4 x 4 tiles above keep 16 accumulators and spill. Here, as a
 // GEMM's micro-kernel does, a task dequantises 16 output features into a panel laid out k-major (16 floats per
@@ -479,7 +398,8 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
             vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4>(wp, ldw, R, K, rows_of_w.group_size),
                                            K, N, rows_of_w, yp);
           else
-            int8_rows_by_vnni<R>(round_rows(wp, ldw, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
+            vigil::int8_rows_by_vnni<R>(vigil::round_rows_in_spans(wp, ldw, R, K, rows_of_w.group_size), K, N,
+                                        rows_of_w, yp);
 #else
           if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1)
             vigil::int4_few_rows_by_bytes<R, S>(
