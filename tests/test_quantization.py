@@ -78,10 +78,10 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
     error = (actual.float() - expected.float()).abs()
     largest = expected.float().abs().max()
     # A few rows are rounded to 16-bit integers: each feature is off by at most half a step, the largest magnitude of
-    # its span / 65534 (int4: its block of 32 / 65024, so that its high byte fits a signed byte; int8: up to 4096
+    # its span / 65534 (int4: of its row / 65024, so that its high byte fits a signed byte; int8: of up to 4096
     # features), and an output by the sum of those times |w|. bf16 outputs are rounded besides.
     half_steps = 65024 if method == "int4" else 65534
-    largest_of_span = span_largest(x, inputs, 32 if method == "int4" else 4096)
+    largest_of_span = span_largest(x, inputs, inputs if method == "int4" else 4096)
     rounding = (largest_of_span / half_steps) @ dequantize(weight).abs().T
     slack = 1e-2 if dtype == torch.bfloat16 else 1e-5
     assert bool((error <= rounding * 1.001 + slack * largest).all()), float((error - rounding).max())
@@ -96,8 +96,7 @@ def test_int4_groups_of_several_blocks_match_the_torch_oracle(compiled, rows, gr
     x = torch.randn(rows, 576, generator=generator)
     expected = reference.int4_linear(x, *weight.tensors)
     error = (compiled.int4_linear(x, *weight.tensors) - expected).abs()
-    block_largest = x.abs().reshape(rows, -1, 32).amax(dim=2).repeat_interleave(32, dim=1)
-    rounding = (block_largest / 65024) @ dequantize(weight).abs().T
+    rounding = (span_largest(x, 576, 576) / 65024) @ dequantize(weight).abs().T
     assert bool((error <= rounding * 1.001 + 1e-5 * expected.abs().max()).all())
 
 

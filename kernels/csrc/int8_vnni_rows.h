@@ -14,10 +14,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "lane_sums.h"
+#include "rounded_block.h"
 #include "simd_load.h"
 
 #if defined(VIGIL_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -51,30 +51,17 @@ inline SpanRows round_rows_in_spans(const float* xp, int64_t ldx, int64_t R, int
   int64_t spans = 0;
   for_each_span(blocks, group_size / 32, [&](int64_t, int64_t, int64_t, int64_t) { ++spans; });
   SpanRows out{std::vector<int16_t>(R * K), std::vector<float>(spans * R)};
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int64_t r = 0; r < R; ++r)
     for_each_span(blocks, group_size / 32, [&](int64_t span, int64_t first, int64_t end, int64_t) {
       const float* x = xp + r * ldx;
-      __m256 largest = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
-      for (int64_t k = first * 32; k < end * 32; k += 8) {
-        const __m256 v = _mm256_loadu_ps(x + k);
-        largest = _mm256_max_ps(largest, _mm256_and_ps(v, magnitude));
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-      }
-      __m128 m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
-      m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-      // max drops a NaN operand, so NaNs are looked for apart.
-      const float amax = _mm256_movemask_ps(nan) ? std::numeric_limits<float>::quiet_NaN()
-                                                 : _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-      const __m256 inverse = _mm256_set1_ps(amax > 0.f ? 32767.f / amax : 0.f);
-      for (int64_t b = first; b < end; ++b)
-        for (int64_t i = 0; i < 32; i += 16) {
-          const __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * 32 + i), inverse));
-          const __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * 32 + i + 8), inverse));
+      const float amax = largest_magnitude(x + first * 32, (end - first) * 32);
+      for (int64_t b = first; b < end; ++b) {
+        const RoundedBlock block = round_block(x + b * 32, 32767.f, amax);
+        for (int i = 0; i < 4; i += 2)
           // packs interleaves the two registers' 128-bit halves; the permute puts the 16 values back in order.
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.codes.data() + (b * R + r) * 32 + i),
-                              _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8));
-        }
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.codes.data() + (b * R + r) * 32 + 8 * i),
+                              _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[i], block.codes[i + 1]), 0xD8));
+      }
       out.scales[span * R + r] = amax / 32767.f;
     });
   return out;

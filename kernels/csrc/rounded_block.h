@@ -6,35 +6,50 @@
 #include "simd_load.h"
 
 #ifdef VIGIL_AVX2
+#include <cstdint>
 #include <limits>
 
 namespace vigil {
 
 struct RoundedBlock {
   __m256i codes[4];  // features 0-7, 8-15, 16-23, 24-31 as int32
-  float amax;        // the largest magnitude, NaN where the block holds one
+  float amax;        // the largest magnitude it was rounded against, NaN where that holds one
   float sum;         // of the block's values, for int4's minimums
 };
 
-inline RoundedBlock round_block(const float* x, float largest_code) {
+// The largest magnitude of x[0, n), n a multiple of 8; NaN where one of them is.
+inline float largest_magnitude(const float* x, int64_t n) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  __m256 v[4], largest = _mm256_setzero_ps(), sum = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
-    largest = _mm256_max_ps(largest, _mm256_and_ps(v[i], magnitude));
-    sum = _mm256_add_ps(sum, v[i]);
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
+  __m256 largest = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    largest = _mm256_max_ps(largest, _mm256_and_ps(v, magnitude));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   }
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  RoundedBlock block;
   // max drops a NaN operand, so NaNs are looked for apart.
-  block.amax = _mm256_movemask_ps(nan) ? std::numeric_limits<float>::quiet_NaN()
-                                       : _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  return _mm256_movemask_ps(nan) ? std::numeric_limits<float>::quiet_NaN()
+                                 : _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// The block at x rounded against amax: its own largest magnitude, or that of a span of x that holds it.
+inline RoundedBlock round_block(const float* x, float largest_code, float amax) {
+  __m256 v[4], sum = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    sum = _mm256_add_ps(sum, v[i]);
+  }
+  RoundedBlock block;
+  block.amax = amax;
   block.sum = horizontal_sum(sum);
-  const __m256 inverse = _mm256_set1_ps(block.amax > 0.f ? largest_code / block.amax : 0.f);
+  const __m256 inverse = _mm256_set1_ps(amax > 0.f ? largest_code / amax : 0.f);
   for (int i = 0; i < 4; ++i) block.codes[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
   return block;
+}
+
+inline RoundedBlock round_block(const float* x, float largest_code) {
+  return round_block(x, largest_code, largest_magnitude(x, 32));
 }
 
 }  // namespace vigil

@@ -30,7 +30,8 @@ struct SplitByteRows {
   static constexpr int64_t kRowBytes = 4 * kPartBytes;
   int64_t steps = 0;
   std::vector<int8_t> codes;          // [steps, R, kRowBytes]
-  std::vector<float> scales;          // [steps, R, Blocks]
+  std::vector<float> scales;          // [steps, R, Blocks]: each block's, or each row's repeated (RowScale)
+  std::vector<float> row_scales;      // [R], where one scale serves a row (RowScale)
   std::vector<float> group_sums;      // [R, groups]
   std::vector<int32_t> block_groups;  // [steps * Blocks]
 };
@@ -45,19 +46,29 @@ void with_adjacent_scales(int64_t group_size, const F& f) {
     f(std::false_type{});
 }
 
-// A block's scale is its largest magnitude over kLargestCode.
-template <int64_t Blocks>
+// A block's scale is its largest magnitude over kLargestCode; with RowScale, the row's largest magnitude's.
+template <int64_t Blocks, bool RowScale = false>
 SplitByteRows<Blocks> round_rows_to_split_bytes(const float* xp, int64_t ldx, int64_t R, int64_t K,
                                                 int64_t group_size) {
   using Rows = SplitByteRows<Blocks>;
   constexpr int64_t kBlock = 32, part = Rows::kPartBytes;
   const int64_t blocks = K / kBlock, groups = K / group_size, steps = (blocks + Blocks - 1) / Blocks;
-  Rows out{steps, std::vector<int8_t>(steps * R * Rows::kRowBytes, 0), std::vector<float>(steps * R * Blocks, 0.f),
-           std::vector<float>(R * groups, 0.f), std::vector<int32_t>(steps * Blocks, 0)};
+  Rows out{steps,
+           std::vector<int8_t>(steps * R * Rows::kRowBytes, 0),
+           std::vector<float>(steps * R * Blocks, 0.f),
+           std::vector<float>(RowScale ? R : 0),
+           std::vector<float>(R * groups, 0.f),
+           std::vector<int32_t>(steps * Blocks, 0)};
   for (int64_t b = 0; b < blocks; ++b) out.block_groups[b] = static_cast<int32_t>(b * kBlock / group_size);
-  for (int64_t r = 0; r < R; ++r)
+  for (int64_t r = 0; r < R; ++r) {
+    float row_largest = 0.f;
+    if constexpr (RowScale) {
+      row_largest = largest_magnitude(xp + r * ldx, K);
+      out.row_scales[r] = row_largest / kLargestCode;
+    }
     for (int64_t b = 0; b < blocks; ++b) {
-      const RoundedBlock block = round_block(xp + r * ldx + b * kBlock, kLargestCode);
+      const float* x = xp + r * ldx + b * kBlock;
+      const RoundedBlock block = RowScale ? round_block(x, kLargestCode, row_largest) : round_block(x, kLargestCode);
       // packs interleaves 128-bit halves; the permutes put the values back in order: features 0-15, then 16-31.
       const __m256i words[2] = {
           _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[0], block.codes[1]), 0xD8),
@@ -79,6 +90,7 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const float* xp, int64_t ldx, in
       out.scales[(step * R + r) * Blocks + slot] = block.amax / kLargestCode;
       out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
     }
+  }
   return out;
 }
 
