@@ -30,7 +30,7 @@ struct SplitByteRows {
   static constexpr int64_t kRowBytes = 4 * kPartBytes;
   int64_t steps = 0;
   std::vector<int8_t> codes;          // [steps, R, kRowBytes]
-  std::vector<float> scales;          // [steps, R, Blocks]: each block's, or each row's repeated (RowScale)
+  std::vector<float> scales;          // [steps, R, Blocks], each block's (none with RowScale)
   std::vector<float> row_scales;      // [R], where one scale serves a row (RowScale)
   std::vector<float> group_sums;      // [R, groups]
   std::vector<int32_t> block_groups;  // [steps * Blocks]
@@ -55,7 +55,7 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const float* xp, int64_t ldx, in
   const int64_t blocks = K / kBlock, groups = K / group_size, steps = (blocks + Blocks - 1) / Blocks;
   Rows out{steps,
            std::vector<int8_t>(steps * R * Rows::kRowBytes, 0),
-           std::vector<float>(steps * R * Blocks, 0.f),
+           std::vector<float>(RowScale ? 0 : steps * R * Blocks, 0.f),
            std::vector<float>(RowScale ? R : 0),
            std::vector<float>(R * groups, 0.f),
            std::vector<int32_t>(steps * Blocks, 0)};
@@ -87,7 +87,7 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const float* xp, int64_t ldx, in
       _mm_storeu_si128(reinterpret_cast<__m128i*>(row + part), _mm256_extracti128_si256(high_bytes, 1));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 2 * part), _mm256_castsi256_si128(low_bytes));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 3 * part), _mm256_extracti128_si256(low_bytes, 1));
-      out.scales[(step * R + r) * Blocks + slot] = block.amax / kLargestCode;
+      if constexpr (!RowScale) out.scales[(step * R + r) * Blocks + slot] = block.amax / kLargestCode;
       out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
     }
   }
