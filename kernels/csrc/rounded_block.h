@@ -17,12 +17,13 @@ struct RoundedBlock {
   float sum;         // of the block's values, for int4's minimums
 };
 
-// The largest magnitude of x[0, n), n a multiple of 8; NaN where one of them is.
-inline float largest_magnitude(const float* x, int64_t n) {
+// The largest magnitude of x[0, n), n a multiple of 8; NaN where one of them is. x is fp32 or bf16.
+template <typename X>
+inline float largest_magnitude(const X* x, int64_t n) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 largest = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 v = load8(x + i);
     largest = _mm256_max_ps(largest, _mm256_and_ps(v, magnitude));
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   }
@@ -34,10 +35,11 @@ inline float largest_magnitude(const float* x, int64_t n) {
 }
 
 // The block at x rounded against amax: its own largest magnitude, or that of a span of x that holds it.
-inline RoundedBlock round_block(const float* x, float largest_code, float amax) {
+template <typename X>
+inline RoundedBlock round_block(const X* x, float largest_code, float amax) {
   __m256 v[4], sum = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
+    v[i] = load8(x + 8 * i);
     sum = _mm256_add_ps(sum, v[i]);
   }
   RoundedBlock block;
@@ -48,7 +50,8 @@ inline RoundedBlock round_block(const float* x, float largest_code, float amax) 
   return block;
 }
 
-inline RoundedBlock round_block(const float* x, float largest_code) {
+template <typename X>
+inline RoundedBlock round_block(const X* x, float largest_code) {
   return round_block(x, largest_code, largest_magnitude(x, 32));
 }
 

@@ -47,8 +47,8 @@ void with_adjacent_scales(int64_t group_size, const F& f) {
 }
 
 // A block's scale is its largest magnitude over kLargestCode; with RowScale, the row's largest magnitude's.
-template <int64_t Blocks, bool RowScale = false>
-SplitByteRows<Blocks> round_rows_to_split_bytes(const float* xp, int64_t ldx, int64_t R, int64_t K,
+template <int64_t Blocks, bool RowScale = false, typename X>
+SplitByteRows<Blocks> round_rows_to_split_bytes(const X* xp, int64_t ldx, int64_t R, int64_t K,
                                                 int64_t group_size) {
   using Rows = SplitByteRows<Blocks>;
   constexpr int64_t kBlock = 32, part = Rows::kPartBytes;
@@ -67,7 +67,7 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const float* xp, int64_t ldx, in
       out.row_scales[r] = row_largest / kLargestCode;
     }
     for (int64_t b = 0; b < blocks; ++b) {
-      const float* x = xp + r * ldx + b * kBlock;
+      const X* x = xp + r * ldx + b * kBlock;
       const RoundedBlock block = RowScale ? round_block(x, kLargestCode, row_largest) : round_block(x, kLargestCode);
       // packs interleaves 128-bit halves; the permutes put the values back in order: features 0-15, then 16-31.
       const __m256i words[2] = {
