@@ -58,10 +58,9 @@ SpanRows round_rows_in_spans(const X* xp, int64_t ldx, int64_t R, int64_t K, int
       const float amax = largest_magnitude(x + first * 32, (end - first) * 32);
       for (int64_t b = first; b < end; ++b) {
         const RoundedBlock block = round_block(x + b * 32, 32767.f, amax);
-        for (int i = 0; i < 4; i += 2)
-          // packs interleaves the two registers' 128-bit halves; the permute puts the 16 values back in order.
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.codes.data() + (b * R + r) * 32 + 8 * i),
-                              _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[i], block.codes[i + 1]), 0xD8));
+        for (int half = 0; half < 2; ++half)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.codes.data() + (b * R + r) * 32 + 16 * half),
+                              block_words(block, half));
       }
       out.scales[span * R + r] = amax / 32767.f;
     });

@@ -208,10 +208,8 @@ Int16Rows round_rows(const X* xp, int64_t ldx, int64_t R, int64_t K, int64_t gro
     for (int64_t b = 0; b < blocks; ++b) {
       const vigil::RoundedBlock block = vigil::round_block(xp + r * ldx + b * kBlock, 32767.f);
       int16_t* q = out.codes.data() + (b * R + r) * kBlock;
-      for (int i = 0; i < 4; i += 2)
-        // packs interleaves the two registers' 128-bit halves; the permute puts the 16 values back in order.
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 8 * i),
-                            _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[i], block.codes[i + 1]), 0xD8));
+      for (int half = 0; half < 2; ++half)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16 * half), vigil::block_words(block, half));
       out.scales[b * R + r] = block.amax / 32767.f;
       out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
     }

@@ -55,5 +55,11 @@ inline RoundedBlock round_block(const X* x, float largest_code) {
   return round_block(x, largest_code, largest_magnitude(x, 32));
 }
 
+// Features 16 * half to 16 * half + 15 of the block as 16-bit integers, in order.
+inline __m256i block_words(const RoundedBlock& block, int half) {
+  // packs interleaves the two registers' 128-bit halves; the permute puts the 16 values back in order.
+  return _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[2 * half], block.codes[2 * half + 1]), 0xD8);
+}
+
 }  // namespace vigil
 #endif

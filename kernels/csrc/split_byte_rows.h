@@ -69,10 +69,7 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const X* xp, int64_t ldx, int64_
     for (int64_t b = 0; b < blocks; ++b) {
       const X* x = xp + r * ldx + b * kBlock;
       const RoundedBlock block = RowScale ? round_block(x, kLargestCode, row_largest) : round_block(x, kLargestCode);
-      // packs interleaves 128-bit halves; the permutes put the values back in order: features 0-15, then 16-31.
-      const __m256i words[2] = {
-          _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[0], block.codes[1]), 0xD8),
-          _mm256_permute4x64_epi64(_mm256_packs_epi32(block.codes[2], block.codes[3]), 0xD8)};
+      const __m256i words[2] = {block_words(block, 0), block_words(block, 1)};
       __m256i high[2], low[2];
       for (int i = 0; i < 2; ++i) {
         high[i] = _mm256_srai_epi16(_mm256_add_epi16(words[i], _mm256_set1_epi16(128)), 8);
