@@ -2,6 +2,9 @@
 without a sliding window shorter than the contexts, the KV store, and a layer's elementwise ops on random rows,
 including the strided Q/K views of a fused QKV output."""
 
+import threading
+import time
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -333,3 +336,31 @@ def test_bf16_linear_kernels_are_fp32_sums_of_the_bf16_products(compiled, rows):
         outputs.append(compiled.amx_linear(x, compiled.amx_pack_weight(weight), 96))
     for out in outputs:
         torch.testing.assert_close(out.float(), expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
+
+
+def test_python_runs_on_while_a_kernel_runs_on_another_thread(compiled):
+    """The kernels let go of Python's lock: while the engine's thread is inside a long prefill attention, another
+    thread (the server's event loop) keeps running Python. Held, the other thread would stop for the whole call."""
+    generator = torch.Generator().manual_seed(0)
+    tokens, heads, head_dim, block_size = 4096, 8, 64, 16
+    k_cache, v_cache, tables = random_paged_cache(generator, [tokens], block_size, heads, head_dim, torch.float32)
+    q = torch.randn(tokens, heads, head_dim, generator=generator)
+    layout = (tables, torch.tensor([0, tokens], dtype=torch.int32), torch.tensor([tokens], dtype=torch.int32))
+    call: dict[str, float] = {}
+
+    def attend() -> None:
+        call["start"] = time.perf_counter()
+        compiled.paged_prefill_attention(q, k_cache, v_cache, *layout, head_dim**-0.5, 0)
+        call["end"] = time.perf_counter()
+
+    thread = threading.Thread(target=attend)
+    beats = []
+    thread.start()
+    while thread.is_alive():
+        beats.append(time.perf_counter())
+    thread.join()
+    during = [t for t in beats if call["start"] <= t <= call["end"]]
+    gaps = [b - a for a, b in zip([call["start"], *during], [*during, call["end"]], strict=True)]
+    duration = call["end"] - call["start"]
+    assert duration > 0.02, "the call must last long enough to tell the two apart"
+    assert max(gaps) < duration / 2
