@@ -1,16 +1,20 @@
 """``bench serve``: its maths on hand-made records, then whole runs against the real server on 127.0.0.1."""
 
+import asyncio
 import json
 import math
+import time
 
+import httpx
 import pytest
 
 from server.__main__ import main
 from server.bench.local_server import free_port
-from server.bench.serve.client import RequestRecord, chunk_text, http_error
+from server.bench.serve.client import ChunkTimer, RequestRecord, chunk_text, http_error, read_stream
 from server.bench.serve.dataset import DatasetError, jsonl_requests, load_tokenizer, random_requests
 from server.bench.serve.runner import RunResult, arrival_offsets, merge_runs
 from server.bench.serve.summary import SLO, distribution, parse_slo, summarize, tpot_s
+from server.bench.stream_client import ErrorStatus, post_stream
 from tests.api_server import shared_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -241,3 +245,34 @@ def test_extra_body_goes_into_every_request_of_its_side(server, tmp_path):
     assert (a["completed"], a["output_tokens"]) == (2, 2 * 4)  # twelve digits cannot finish in four tokens
     assert b["completed"] == 0 and all("guided_regex" in reason for reason in b["failures"])
     assert result["config"]["extra_body"] == {"guided_regex": "[0-9]{12}"}
+
+
+@pytest.mark.server
+def test_the_lean_client_and_httpx_time_a_stream_alike(server):
+    """Plain http goes over the lean client; https over httpx (``read_stream``). Both fill a record the same way
+    from the same stream, and both turn an error status into the same line."""
+    body = {"model": "smollm", "prompt": [1, 2, 3, 4], "max_tokens": 6, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+
+    async def both(sent_body: dict) -> list[RequestRecord]:
+        records = []
+        for lean in (True, False):
+            record = RequestRecord(0, start_s=0.0)
+            timer = ChunkTimer(record, time.perf_counter())
+            try:
+                if lean:
+                    await post_stream(server.base_url, "/v1/completions", sent_body, {}, timer.take)
+                else:
+                    async with httpx.AsyncClient(base_url=server.base_url) as client:
+                        await read_stream(client, "/v1/completions", sent_body, {}, timer)
+            except ErrorStatus as error:
+                record.error = http_error(error.status, error.body)
+            timer.finish()
+            records.append(record)
+        return records
+
+    for record in asyncio.run(both(body)):
+        assert record.error is None and record.output_tokens == 6 and record.prompt_tokens == 4
+        assert record.ttft_s is not None and record.ttft_s > 0 and 1 <= len(record.itl_s) <= 5
+    lean, pooled = asyncio.run(both({**body, "model": "no-such-model"}))
+    assert lean.error == pooled.error == NOT_FOUND

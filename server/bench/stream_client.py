@@ -9,6 +9,7 @@ sized response body, and server-sent events split on blank lines.
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -22,6 +23,15 @@ MAX_HEAD_BYTES = 64 * 1024
 
 class StreamError(Exception):
     """The server answered with an error status, sent an error event, or broke the HTTP framing."""
+
+
+class ErrorStatus(StreamError):
+    """The server answered with a status other than 200; ``body`` is what it sent with it."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}: {body.decode(errors='replace')}")
+        self.status = status
+        self.body = body
 
 
 @dataclass
@@ -38,10 +48,17 @@ class StreamedEvents:
         return json.loads(self.events[-1].removeprefix(DATA_PREFIX))
 
 
+# Called with each ``data:`` event (its bytes, without the prefix) as it arrives; may raise StreamError to end
+# the stream.
+EventListener = Callable[[bytes], None]
+
+
 class EventStreamReader(asyncio.Protocol):
-    def __init__(self, request: bytes, finished: asyncio.Future[StreamedEvents]) -> None:
+    def __init__(self, request: bytes, finished: asyncio.Future[StreamedEvents],
+                 on_event: EventListener | None = None) -> None:
         self._request = request
         self._finished = finished
+        self._on_event = on_event
         self._buffer = bytearray()
         self._body = bytearray()
         self._status = 0
@@ -132,14 +149,17 @@ class EventStreamReader(asyncio.Protocol):
             del self._body[: end + len(EVENT_END)]
             if event == DONE:
                 self._result.done = True
-            elif event.startswith(b'data: {"error"'):
+                continue
+            if self._on_event is not None and event.startswith(DATA_PREFIX):
+                self._on_event(event.removeprefix(DATA_PREFIX))
+            if event.startswith(b'data: {"error"'):
                 raise StreamError(f"the server failed the stream: {event.decode(errors='replace')}")
             elif event.startswith(DATA_PREFIX):
                 self._result.events.append(event)
 
     def _complete(self) -> None:
         if self._status != 200:
-            self._fail(StreamError(f"HTTP {self._status}: {self._body.decode(errors='replace')}"))
+            self._fail(ErrorStatus(self._status, bytes(self._body)))
             return
         self._take_events()
         assert self._result is not None
@@ -157,20 +177,23 @@ class EventStreamReader(asyncio.Protocol):
             self._transport.close()
 
 
-async def post_stream(base_url: str, path: str, body: dict) -> StreamedEvents:
-    """POST ``body`` as JSON to ``base_url`` + ``path`` (plain http) and read the whole event stream."""
+async def post_stream(base_url: str, path: str, body: dict, headers: dict[str, str] | None = None,
+                      on_event: EventListener | None = None) -> StreamedEvents:
+    """POST ``body`` as JSON to ``base_url`` + ``path`` (plain http) with any extra ``headers``, and read the whole
+    event stream."""
     url = urlsplit(base_url)
     if url.scheme != "http" or url.hostname is None:
         raise ValueError(f"an http:// base URL is needed, not {base_url!r}")
     payload = json.dumps(body).encode()
     host = url.hostname if url.port is None else f"{url.hostname}:{url.port}"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     request = (f"POST {url.path.rstrip('/')}{path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-               f"accept: text/event-stream\r\ncontent-length: {len(payload)}\r\nconnection: close\r\n\r\n"
+               f"accept: text/event-stream\r\ncontent-length: {len(payload)}\r\n{extra}connection: close\r\n\r\n"
                ).encode() + payload
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[StreamedEvents] = loop.create_future()
-    transport, _ = await loop.create_connection(lambda: EventStreamReader(request, finished), url.hostname,
-                                                url.port or 80)
+    transport, _ = await loop.create_connection(lambda: EventStreamReader(request, finished, on_event),
+                                                url.hostname, url.port or 80)
     try:
         return await finished
     finally:

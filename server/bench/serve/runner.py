@@ -10,10 +10,10 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from server.bench.serve.client import RequestRecord, Target, send
+from server.bench.serve.client import REQUEST_TIMEOUT_S, RequestRecord, Target, send
 from server.bench.serve.dataset import BenchRequest
 
-REQUEST_TIMEOUT = httpx.Timeout(3600.0, connect=30.0)
+REQUEST_TIMEOUT = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
 
 
 @dataclass
