@@ -120,7 +120,8 @@ class ChunkTimer:
         try:
             event = json.loads(payload)
         except json.JSONDecodeError:
-            record.error = f"stream chunk not JSON: {str(payload)[:SNIPPET_CHARS]}"
+            text = payload if isinstance(payload, str) else payload.decode(errors="replace")
+            record.error = f"stream chunk not JSON: {text[:SNIPPET_CHARS]}"
             raise StreamError(record.error) from None
         if "error" in event:
             record.error = "stream " + error_text(event["error"])
