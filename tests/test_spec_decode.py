@@ -1,6 +1,8 @@
 """Speculative decoding's parts alone: n-gram proposals, and rejection sampling that keeps the target's
 distribution exactly (checked by sampling, with a fixed seed)."""
 
+import random
+
 import torch
 
 from server.engine.spec_decode.ngram import NgramProposer
@@ -24,6 +26,34 @@ def test_the_longest_recent_match_proposes_what_followed_it():
     assert NgramProposer(num_tokens=5, min_n=2, max_n=2).propose([1, 2, 9, 1, 2]) == [9, 1, 2, 9, 1]
     # Fewer guesses when asked for fewer.
     assert proposer.propose([1, 2, 3, 4, 5, 1, 2, 3], 1) == [4]
+
+
+def scan(context: list[int], count: int, min_n: int, max_n: int) -> list[int]:
+    """The proposal by a scan of the whole context, longest suffix first, most recent earlier match first."""
+    for n in range(min(max_n, len(context) - 1), min_n - 1, -1):
+        for start in range(len(context) - 1 - n, -1, -1):
+            if context[start : start + n] == context[-n:]:
+                follow = start + n
+                return [context[follow + i % (len(context) - follow)] for i in range(count)]
+    return []
+
+
+def test_a_requests_index_kept_between_steps_proposes_what_a_scan_would():
+    rng = random.Random(0)
+    kept = NgramProposer(num_tokens=4, min_n=2, max_n=4)
+    context = [rng.randrange(6) for _ in range(5)]
+    proposed = 0
+    for step in range(300):
+        context += [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
+        if step == 150:
+            del context[-20:]  # a stop string cuts the context short: the index starts again
+        guesses = kept.propose(context, request_id="r")
+        assert guesses == scan(context, 4, 2, 4)
+        proposed += bool(guesses)
+    assert proposed > 100
+    assert set(kept.indexes) == {"r"}
+    kept.forget("r")
+    assert not kept.indexes
 
 
 def test_greedy_verification_keeps_the_drafts_the_target_agrees_with_then_adds_its_own():

@@ -25,6 +25,7 @@ def engines(smollm_folder):
 def assert_every_block_free(llm: LLM) -> None:
     manager = llm.engine.scheduler.block_manager
     assert manager.num_free_blocks == manager.num_blocks and not llm.engine.requests
+    assert llm.engine.proposer is None or not llm.engine.proposer.indexes
 
 
 def test_greedy_output_is_token_for_token_the_same_and_guesses_are_kept(engines):

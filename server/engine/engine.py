@@ -230,7 +230,7 @@ class LLMEngine:
             room = min(request.max_tokens - len(request.output_token_ids), self.max_model_len - request.num_tokens)
             wanted = self.draft_policy.num_guesses(request.request_id, room - 1)
             if wanted:
-                request.spec_token_ids = self.proposer.propose(request.all_token_ids, wanted)
+                request.spec_token_ids = self.proposer.propose(request.all_token_ids, wanted, request.request_id)
                 self.draft_policy.proposed(request.request_id, len(request.spec_token_ids))
 
     def _process(self, request: Request, num_new_tokens: int) -> RequestOutput:
@@ -257,6 +257,8 @@ class LLMEngine:
         self.requests.pop(request.request_id, None)
         if self.draft_policy is not None:
             self.draft_policy.forget(request.request_id)
+        if self.proposer is not None:
+            self.proposer.forget(request.request_id)
         self.output_processor.remove_request(request.request_id)
         if self.stats_listeners and not request.internal:
             self._pending_finished.append(finished_stats(request))
