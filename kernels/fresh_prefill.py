@@ -2,7 +2,8 @@
 
 Such a prefill needs nothing from the paged cache, so torch's flash attention can take it: on a bf16 CPU with AMX
 its tiles go through oneDNN's matrix products, 2.2-3.4x faster than the C++ paged kernel on SmolLM2's and Gemma 3's
-heads for 128-512 new tokens (docs/performance-history.md).
+heads for 128-512 new tokens (docs/performance-history.md). Without AMX the paged kernel is the faster, and the CPU
+backend keeps this path off (``CpuAttention.fresh_by_flash``).
 """
 
 from collections.abc import Sequence

@@ -25,6 +25,7 @@ def test_the_section_names_what_the_plan_holds():
     described = {
         "decode_path": "decode path", "decode_path_reason": "what chose it",
         "decode_graph_sizes": "batch sizes captured", "attention": "attention backend",
+        "prompt_attention": "kernel that attends prompt rows",
         "layer_ops": "layer ops", "linear_kernels": "kind of weight matrix's kernel",
         "kv_cache_dtype": "KV cache's dtype",
         "sampler": "greedy sampler's kernel", "cpu_kernels": "CPU kernels' variant",

@@ -118,8 +118,30 @@ def test_prompts_without_cached_context_attend_over_their_own_keys_as_the_oracle
         return backend.forward(q, k, v, (caches[0], caches[1]), backend.prepare(batch), HEAD_DIM**-0.5)
 
     expected = run(TorchAttention(DEVICE)).float()
-    out = run(backends()[0]).float()
-    assert float((out - expected).abs().max()) < (1e-4 if compute_dtype == torch.float32 else 2e-2)
+    cpu_backend = backends()[0]
+    assert isinstance(cpu_backend, CpuAttention)
+    for by_flash in (True, False):  # the AMX CPUs' choice, and the others'
+        cpu_backend.fresh_by_flash = by_flash
+        out = run(cpu_backend).float()
+        assert float((out - expected).abs().max()) < (1e-4 if compute_dtype == torch.float32 else 2e-2), by_flash
+
+
+def test_prompts_take_flash_attention_only_where_amx_tiles_run_its_products(monkeypatch):
+    """Without AMX the paged kernel attends every prompt row: flash attention is never called."""
+    compiled = cpu.load()
+    backend = CpuAttention(DEVICE, compiled)
+    assert backend.fresh_by_flash == compiled.amx_linear_usable()
+    assert ("flash" in backend.prompt_attention) == backend.fresh_by_flash
+    calls = []
+    monkeypatch.setattr(fresh_prefill, "attend_fresh", lambda *args: calls.append(args))
+    batch = mixed_batch([], [(0, 24)], torch.Generator().manual_seed(1))
+    q = torch.randn(24, HEADS, HEAD_DIM)
+    k, v = torch.randn(24, KV_HEADS, HEAD_DIM), torch.randn(24, KV_HEADS, HEAD_DIM)
+    caches = tuple(torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM) for _ in range(2))
+    for by_flash in (False, True):
+        backend.fresh_by_flash = by_flash
+        backend.forward(q, k, v, caches, backend.prepare(batch), HEAD_DIM**-0.5)
+        assert len(calls) == by_flash
 
 
 def test_metadata_carries_the_host_sizes_the_kernels_would_otherwise_sync_for():

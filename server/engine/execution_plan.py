@@ -19,6 +19,7 @@ class ExecutionPlan:
     decode_path_reason: str
     decode_graph_sizes: tuple[int, ...]  # the batch sizes captured under "cuda-graphs"; empty otherwise
     attention: str  # the attention backend: "cpu", "cpu-batch-invariant", "triton" or "torch"
+    prompt_attention: str  # the kernel that attends prompt rows, where the backend has a choice
     layer_ops: str  # norms, rotary, activation: "cpu", "triton" or "torch"
     linear_kernels: dict[str, str]  # each kind of weight matrix and the kernel that multiplies by it
     kv_cache_dtype: str
@@ -38,7 +39,8 @@ class ExecutionPlan:
         graphs = f" over batch sizes {', '.join(map(str, self.decode_graph_sizes))}" if self.decode_graph_sizes else ""
         return [
             f"decode path: {self.decode_path} ({self.decode_path_reason}){graphs}",
-            f"attention: {self.attention}; layer ops: {self.layer_ops}; KV cache: {self.kv_cache_dtype}",
+            f"attention: {self.attention} (prompts: {self.prompt_attention}); layer ops: {self.layer_ops}; "
+            f"KV cache: {self.kv_cache_dtype}",
             "linear kernels: " + ", ".join(f"{kind} {kernel}" for kind, kernel in self.linear_kernels.items()),
             f"sampler: greedy rows by the {self.sampler} argmax, sampled rows by torch",
             f"CPU kernels: {self.cpu_kernels}; tensor parallel size: {self.tensor_parallel_size}",
@@ -90,6 +92,7 @@ def _plan(model: Model, path: str, reason: str, kv_cache_dtype: str, cpu_kernels
           graph_sizes: tuple[int, ...]) -> ExecutionPlan:
     return ExecutionPlan(
         decode_path=path, decode_path_reason=reason, decode_graph_sizes=graph_sizes, attention=model.attention.name,
+        prompt_attention=model.attention.prompt_attention,
         layer_ops=model.layer_ops.name, linear_kernels=model.linear_kernels(), kv_cache_dtype=kv_cache_dtype,
         sampler=model.layer_ops.name, cpu_kernels=cpu_kernels, tensor_parallel_size=tensor_parallel_size,
     )
