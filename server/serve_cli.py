@@ -9,8 +9,9 @@ import argparse
 import logging
 import os
 import resource
+import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from server.engine_args import add_engine_args
 from server.serve_args import add_server_args, add_telemetry_args, server_config_from_args
@@ -104,11 +105,25 @@ def run(args: argparse.Namespace) -> int:
     if args.print_plan:
         return print_plans(args)
     http = build_server(args, dict(os.environ))
-    http.run()
+    try:
+        http.run()
+    except SystemExit as failure:  # uvicorn's start-up failure, such as a port already in use
+        if any(engine.running for engine in http.engines):
+            exit_under_running_engine(failure.code)
+        raise
     for engine in http.engines:
         if engine.load_error is not None:
             raise engine.load_error  # server.__main__ turns it into one line and exit status 2
     return 0
+
+
+def exit_under_running_engine(code: object) -> NoReturn:
+    """Leaves without the interpreter's teardown. An engine still loading its model after the shutdown's wait is
+    C++ work on a daemon thread, and C++'s exit handlers would run under it: std::terminate, SIGABRT."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1)
 
 
 def build_server(args: argparse.Namespace, environ: dict[str, str]) -> "DrainingServer":

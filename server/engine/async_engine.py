@@ -204,6 +204,11 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    @property
+    def running(self) -> bool:
+        """Whether the engine's thread is still alive: loading the model, or serving commands."""
+        return self._thread is not None and self._thread.is_alive()
+
     # --- the event loop's side -----------------------------------------------------------------------------
 
     async def add(self, requests: list[Request]) -> OutputStream:
