@@ -84,13 +84,13 @@ class AttentionBackend(ABC):
     name: str
     batch_invariant = False  # whether a row's result is the same bits whatever else the batch holds
 
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
     @property
     def prompt_attention(self) -> str:
         """The kernel that attends prompt (prefill) rows, as the execution plan says it."""
         return f"the {self.name} backend's prefill kernel"
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
         device = self.device
@@ -187,8 +187,8 @@ class CpuAttention(AttentionBackend):
 
     Prompts with no cached context take torch's flash attention (``fresh_by_flash``) only where AMX tiles are
     granted: there oneDNN runs its products on them, 2.2-3.4x the paged kernel's speed in bf16 on an Emerald Rapids
-    Xeon. Without AMX the paged kernel is the faster: on a Zen 5, one layer of SmolLM2's heads took 0.25-0.33x
-    flash attention's time in bf16 and 0.59-0.74x in fp32 for 16-512 new tokens."""
+    Xeon. Without AMX the paged kernel is the faster: on a Zen 5, one layer of SmolLM2's heads took 0.23-0.32x
+    flash attention's time in bf16 and 0.47-0.74x in fp32 for 16-512 new tokens."""
 
     name = "cpu"
 
