@@ -11,7 +11,7 @@ import os
 import resource
 import sys
 import threading
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from server.engine_args import add_engine_args
 from server.serve_args import add_server_args, add_telemetry_args, server_config_from_args
@@ -20,11 +20,12 @@ from telemetry.logging import configure_logging
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from server.api.draining_server import DrainingServer
     from server.api.router import ModelRouter
     from server.config import EngineConfig, ServerConfig
+    from server.engine.async_engine import AsyncEngine
     from server.engine.engine import LLMEngine
     from telemetry.service import Telemetry
 
@@ -108,18 +109,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         http.run()
     except SystemExit as failure:  # uvicorn's start-up failure, such as a port already in use
-        if any(engine.running for engine in http.engines):
-            exit_under_running_engine(failure.code)
+        leave_before_a_running_engine(http.engines, failure.code)
         raise
+    leave_before_a_running_engine(http.engines, 0)  # a SIGTERM or SIGINT while a model still loads
     for engine in http.engines:
         if engine.load_error is not None:
             raise engine.load_error  # server.__main__ turns it into one line and exit status 2
     return 0
 
 
-def exit_under_running_engine(code: object) -> NoReturn:
-    """Leaves without the interpreter's teardown. An engine still loading its model after the shutdown's wait is
-    C++ work on a daemon thread, and C++'s exit handlers would run under it: std::terminate, SIGABRT."""
+def leave_before_a_running_engine(engines: "Sequence[AsyncEngine]", code: object) -> None:
+    """Leaves now, without the interpreter's teardown, where an engine's thread outlived the shutdown's wait for it:
+    a model still loading is C++ work on that daemon thread, and C++'s exit handlers would run under it
+    (std::terminate, SIGABRT)."""
+    if not any(engine.running for engine in engines):
+        return
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,8 +9,9 @@ import time
 import httpx
 import pytest
 
+from server.api.app import ENGINE_JOIN_TIMEOUT_S
 from tests.api_server import APIServer, metric_samples
-from tests.serve_with_switches import HOLD_LOAD_ENV
+from tests.serve_with_switches import HOLD_LOAD_ENV, SLOW_LOAD_ENV
 from tests.serve_with_switches import PROGRAM as WITH_SWITCHES
 
 pytestmark = pytest.mark.server
@@ -163,5 +164,25 @@ def test_while_the_model_loads_the_probes_and_metrics_answer_and_requests_wait(s
         assert loaded[("vigil_engine_phase", frozenset({"model": MODEL, "phase": "serving"}.items()))] == 1
         assert loaded[("vigil_engine_phase", frozenset({"model": MODEL, "phase": "loading"}.items()))] == 0
         assert loaded[("vigil_engine_ready", frozenset({"model": MODEL}.items()))] == 1
+    finally:
+        server.stop()
+
+
+def test_sigterm_while_the_model_still_loads_exits_zero_without_waiting_for_the_load(smollm_folder):
+    """The load outlasts the shutdown's wait for the engine's thread, in C++ all along: the process leaves with
+    status 0, not SIGABRT from C++'s exit handlers under that thread."""
+    server = APIServer(smollm_folder, env={SLOW_LOAD_ENV: str(ENGINE_JOIN_TIMEOUT_S + 20)}, program=WITH_SWITCHES)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.process.poll() is None and time.monotonic() < deadline, server.log_tail()
+            try:
+                if httpx.get(f"{server.base_url}/livez", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        server.terminate()
+        assert server.wait_exit(timeout=ENGINE_JOIN_TIMEOUT_S + 15) == 0, server.log_tail()
+        assert "terminate called" not in server.log_tail()
     finally:
         server.stop()
