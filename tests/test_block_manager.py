@@ -32,6 +32,8 @@ def check_invariants(manager: BlockManager, live: list[Request]) -> None:
         assert (block_id in manager.free_blocks) == (owners.get(block_id, 0) == 0)
     for block_hash, block_id in manager.cached_blocks.items():
         assert manager.block_hash[block_id] == block_hash
+    for block_hash in manager.block_hash:
+        assert block_hash is None or block_hash in manager.cached_blocks, "a computed block the cache lost"
 
 
 def compute(manager: BlockManager, request: Request, num_tokens: int, prefix: CachedPrefix = NO_PREFIX) -> bool:
@@ -168,3 +170,21 @@ def test_salted_chains_never_meet():
     same_tokens = make_request("other", prompt_len=9).prompt_token_ids
     assert manager.find_cached_prefix(same_tokens, salt="tenant-b") == NO_PREFIX
     assert manager.find_cached_prefix(same_tokens, salt="tenant-a").num_tokens == 8
+
+
+def test_a_copy_computed_twice_is_found_after_the_first_copy_is_evicted():
+    # Two identical prompts scheduled in one step both compute their blocks before either is cached.
+    manager = BlockManager(6, BLOCK_SIZE)
+    first, second = make_request("first", prompt_len=9), make_request("second", prompt_len=9)
+    assert manager.allocate_slots("first", 9) and manager.allocate_slots("second", 9)
+    for request in (first, second):
+        request.num_computed_tokens = 9
+        manager.cache_full_blocks(request, 9)
+    manager.free("first")
+    hog = make_request("hog", prompt_len=12, first_token=5000)
+    assert compute(manager, hog, 12)
+    prefix = manager.find_cached_prefix(make_request("again", prompt_len=9).prompt_token_ids)
+    assert prefix.block_ids == tuple(manager.block_ids("second")[:2])
+    manager.free("second")
+    manager.free("hog")
+    assert manager.num_free_blocks == 6 and all(count == 0 for count in manager.ref_counts)

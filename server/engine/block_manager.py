@@ -42,6 +42,8 @@ class BlockManager:
     A freed block keeps its hash (and so its cached KV) until it is handed out again. Free blocks are
     evicted oldest first; blocks without a hash go to the front of that line, as they hold nothing reusable.
     A cache hit needs the hash and the block's own tokens to match: a hash alone is never trusted.
+    Two requests scheduled in one step can compute the same block twice; the second copy is kept as a spare, so
+    that the cache still finds those tokens when the first copy is evicted.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
@@ -52,6 +54,7 @@ class BlockManager:
         self.block_hash: list[BlockHash | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.cached_blocks: dict[BlockHash, int] = {}
+        self._spare_copies: dict[BlockHash, list[int]] = {}
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._held: dict[str, list[int]] = {}
         self._held_hashes: dict[str, list[BlockHash]] = {}
@@ -120,10 +123,14 @@ class BlockManager:
             block_hash = hash_block(parent, tokens, request.cache_salt)
             hashes.append(block_hash)
             block_id = held[index]
-            if block_hash not in self.cached_blocks and self.block_hash[block_id] is None:
+            if self.block_hash[block_id] is not None:
+                continue
+            if block_hash in self.cached_blocks:
+                self._spare_copies.setdefault(block_hash, []).append(block_id)
+            else:
                 self.cached_blocks[block_hash] = block_id
-                self.block_hash[block_id] = block_hash
-                self.block_tokens[block_id] = tokens
+            self.block_hash[block_id] = block_hash
+            self.block_tokens[block_id] = tokens
 
     def trim(self, request_id: str, num_tokens: int) -> None:
         """Keep only the blocks that ``num_tokens`` tokens fill: the rollback of speculative tokens the target
@@ -151,8 +158,21 @@ class BlockManager:
         block_id, _ = self.free_blocks.popitem(last=False)
         stale_hash = self.block_hash[block_id]
         if stale_hash is not None:
-            del self.cached_blocks[stale_hash]
+            self._forget(stale_hash, block_id)
             self.block_hash[block_id] = None
             self.block_tokens[block_id] = None
         self.ref_counts[block_id] = 1
         return block_id
+
+    def _forget(self, block_hash: BlockHash, block_id: int) -> None:
+        """Drop one copy of a cached block; a spare copy, if any, takes over the hash."""
+        spares = self._spare_copies.get(block_hash, [])
+        if self.cached_blocks[block_hash] == block_id:
+            if spares:
+                self.cached_blocks[block_hash] = spares.pop()
+            else:
+                del self.cached_blocks[block_hash]
+        else:
+            spares.remove(block_id)
+        if not spares:
+            self._spare_copies.pop(block_hash, None)
