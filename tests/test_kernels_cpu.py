@@ -62,6 +62,17 @@ def assert_both_paths_match_the_oracle(compiled, name: str, q, k_cache, v_cache,
     assert relative_error(torch_version(q, k_cache, v_cache, *layout, window=window), expected) < tolerance
 
 
+def check_decode(compiled, block_size, head_dim, kv_heads, group, lengths, dtype, cache_dtype, window, seed) -> None:
+    """Random paged caches and queries of these shapes through the compiled decode kernel, against the oracle."""
+    generator = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, cache_dtype)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=generator).to(dtype)
+    assert_both_paths_match_the_oracle(
+        compiled, "paged_decode_attention", q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, window=window
+    )
+
+
 # No window, or one shorter than most of the contexts drawn.
 WINDOWS = st.one_of(st.none(), st.integers(1, 48))
 
@@ -95,13 +106,7 @@ def test_a_window_changes_what_the_oracle_attends_to():
 def test_decode_matches_the_reference(
     compiled, block_size, head_dim, kv_heads, group, lengths, dtype, cache_dtype, window, seed
 ):
-    generator = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, kv_heads, head_dim, cache_dtype)
-    seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=generator).to(dtype)
-    assert_both_paths_match_the_oracle(
-        compiled, "paged_decode_attention", q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, window=window
-    )
+    check_decode(compiled, block_size, head_dim, kv_heads, group, lengths, dtype, cache_dtype, window, seed)
 
 
 @settings(max_examples=40, deadline=None)
@@ -128,6 +133,43 @@ def test_bf16_decode_matches_the_reference(
     assert_both_paths_match_the_oracle(
         compiled, "paged_decode_attention", q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, window=window
     )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    block_size=st.sampled_from([16, 32]),
+    head_dim=st.sampled_from([64, 128]),
+    kv_heads=st.sampled_from([1, 3]),
+    group=st.sampled_from([1, 3]),
+    lengths=st.lists(st.integers(1, 1500), min_size=1, max_size=3).filter(lambda lengths: max(lengths) >= 512),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    cache_dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float8_e4m3fn]),
+    window=st.one_of(st.none(), st.integers(1, 1000)),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_of_few_long_sequences_matches_the_reference(
+    compiled, block_size, head_dim, kv_heads, group, lengths, dtype, cache_dtype, window, seed
+):
+    """One to three sequences, one of 512 keys or more: their keys are split into parts that the threads attend
+    apart and that are then mixed (kernels/csrc/split_decode.h); a shorter sequence's last parts are empty."""
+    check_decode(compiled, block_size, head_dim, kv_heads, group, lengths, dtype, cache_dtype, window, seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("winner", [3, 700, 1999])
+def test_a_key_that_dominates_one_part_of_a_long_sequence_wins_the_mix(compiled, dtype, winner):
+    """Every part's output is normalised over its own keys: the mix must weigh each part by its share of the
+    whole softmax, so that one key far above the rest, in whichever part, gives its own value."""
+    generator = torch.Generator().manual_seed(winner)
+    k_cache, v_cache, tables = random_paged_cache(generator, [2000], 16, 1, 64, torch.float32)
+    k_cache *= 0.01
+    block, offset = tables[0, winner // 16], winner % 16
+    q = torch.zeros(1, 1, 64)
+    q[0, 0, 0] = 1.0
+    k_cache[block, offset, 0, 0] = 30.0  # a score of 30 against at most about 0.04 for every other key
+    out = compiled.paged_decode_attention(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), tables,
+                                          torch.tensor([2000], dtype=torch.int32), 1.0, 0)
+    torch.testing.assert_close(out[0, 0].float(), v_cache[block, offset, 0].to(dtype).float(), rtol=0.02, atol=0.02)
 
 
 @settings(max_examples=40, deadline=None)

@@ -91,12 +91,12 @@ inline void prefetch_block(const Cache* cache, const int32_t* table, int64_t tok
 }
 
 // out[h][c:c+16*Vectors] = sum over t of weights[h][t] * V[t][c:c+16*Vectors] for `Heads` query heads sharing
-// these values, rounded to bf16 once at the end. The accumulators are one flat array under int loops unrolled by
+// these values, rounded once at the end to the output's type (bf16, or fp32 for a part of the keys). The accumulators are one flat array under int loops unrolled by
 // pragma: as [Heads][Vectors] under int64_t loops, GCC 12 kept them in registers but also stored all of them to
 // the stack on every token (12 stores of 64 bytes against 12 FMAs).
-template <int Heads, int Vectors, typename Cache>
+template <int Heads, int Vectors, typename Cache, typename Out>
 void weighted_values(const Cache* values, const int64_t* rows, int64_t span, const float* weights, int64_t column,
-                     bf16* const* out) {
+                     Out* const* out) {
   __m512 acc[Heads * Vectors];
 #pragma GCC unroll 16
   for (int i = 0; i < Heads * Vectors; ++i) acc[i] = _mm512_setzero_ps();
@@ -124,9 +124,9 @@ void weighted_values(const Cache* values, const int64_t* rows, int64_t span, con
 
 // The value pass of query rows that share their values (a KV head's query heads, with each row's weights over the
 // span), in runs of up to four rows and 64 (else 32) columns.
-template <typename Cache>
+template <typename Cache, typename Out>
 inline void weighted_values(const Cache* values, const int64_t* rows, int64_t span, const float* weights,
-                            int64_t heads, int64_t dim, bf16* const* out) {
+                            int64_t heads, int64_t dim, Out* const* out) {
   for (int64_t h = 0; h < heads; h += 4) {
     for (int64_t column = 0; column < dim;) {
       const bool wide = dim - column >= 64;

@@ -14,6 +14,7 @@
 #include "paged_attention_entry.h"
 #include "paged_attention_bf16.h"
 #include "simd_load.h"
+#include "split_decode.h"
 #include "vector_math.h"
 
 namespace {
@@ -153,25 +154,38 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int64_t group = num_heads / num_kv_heads;
   const int64_t table_width = block_tables.size(1);
   const int64_t token_stride = k_cache.stride(1), block_stride = k_cache.stride(0), head_stride = k_cache.stride(2);
-  const int64_t heads_per_task = vigil::decode_kv_heads_per_task(num_seqs, num_kv_heads);
-  const int64_t tasks_per_seq = num_kv_heads / heads_per_task;
-  const int64_t row_bytes = ((heads_per_task - 1) * head_stride + dim) * static_cast<int64_t>(sizeof(T));
   const float* q_ptr = q.data_ptr<float>();
   const T* k_ptr = k_cache.data_ptr<T>();
   const T* v_ptr = v_cache.data_ptr<T>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   float* out_ptr = out.data_ptr<float>();
+  // The keys a query sees: all of them, or the last `window`.
+  const auto first_token = [&](int64_t seq) { return window > 0 ? std::max<int64_t>(0, lens[seq] - window) : 0; };
+  int64_t longest = 0;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) longest = std::max<int64_t>(longest, lens[seq] - first_token(seq));
+  // A task is a sequence's run of KV heads and one part of its keys (split_decode.h); parts past one keep each
+  // part's sums and softmax statistics, merged once every part is done.
+  const vigil::DecodeTasks cut = vigil::decode_tasks(num_seqs, num_kv_heads, longest);
+  const int64_t heads_per_task = cut.kv_heads, parts = cut.parts;
+  const int64_t tasks_per_seq = num_kv_heads / heads_per_task, task_heads = heads_per_task * group;
+  const int64_t row_bytes = ((heads_per_task - 1) * head_stride + dim) * static_cast<int64_t>(sizeof(T));
+  std::vector<float> part_outputs(parts > 1 ? num_seqs * tasks_per_seq * parts * task_heads * dim : 0);
+  std::vector<vigil::SoftmaxStats> part_stats(parts > 1 ? num_seqs * tasks_per_seq * parts * task_heads : 0);
 
-  vigil::TaskQueue queue(num_seqs * tasks_per_seq);
+  vigil::TaskQueue queue(num_seqs * tasks_per_seq * parts);
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    const int64_t task_heads = heads_per_task * group;
     std::vector<float> queries(task_heads * dim), scores, acc(task_heads * dim);
     for (int64_t task = queue.take(); task < queue.count(); task = queue.take()) {
-      const int64_t seq = task / tasks_per_seq, first_kv_head = (task % tasks_per_seq) * heads_per_task;
-      const int64_t len = lens[seq];
-      // The keys the query sees: all of them, or the last `window`.
-      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, span = len - first;
+      const int64_t unit = task / parts, seq = unit / tasks_per_seq;
+      const int64_t first_kv_head = (unit % tasks_per_seq) * heads_per_task;
+      const vigil::KeyRange keys =
+          vigil::part_of_keys(first_token(seq), lens[seq], parts, task % parts, block_size);
+      const int64_t first = keys.begin, len = keys.end, span = len - first;
+      if (span == 0) {  // a part past a shorter sequence's keys
+        for (int64_t h = 0; h < task_heads && parts > 1; ++h) part_stats[task * task_heads + h] = {0.f, 0.f};
+        continue;
+      }
       const int32_t* table = tables + seq * table_width;
       const int64_t head_offset = first_kv_head * head_stride;
       for (int64_t h = 0; h < task_heads; ++h) {
@@ -180,8 +194,9 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       }
       const auto write_out = [&](const float* sums) {
         for (int64_t h = 0; h < task_heads; ++h) {
-          std::copy(sums + h * dim, sums + (h + 1) * dim,
-                    out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h));
+          float* to = parts > 1 ? &part_outputs[(task * task_heads + h) * dim]
+                                : out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h);
+          std::copy(sums + h * dim, sums + (h + 1) * dim, to);
         }
       };
       scores.resize(task_heads * span);
@@ -190,7 +205,10 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                        for (int64_t h = 0; h < task_heads; ++h)
                          scores[h * span + t] = score(&queries[h * dim], row + (h / group) * head_stride, dim);
                      });
-      for (int64_t h = 0; h < task_heads; ++h) vigil::softmax(&scores[h * span], span);
+      for (int64_t h = 0; h < task_heads; ++h) {
+        const vigil::SoftmaxStats stats = vigil::softmax(&scores[h * span], span);
+        if (parts > 1) part_stats[task * task_heads + h] = stats;
+      }
       std::fill(acc.begin(), acc.end(), 0.f);
 #ifdef VIGIL_AVX2
       if (dim % 32 == 0) {
@@ -208,6 +226,14 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       write_out(acc.data());
     }
   });
+  if (parts == 1) return;
+  for (int64_t unit = 0; unit < num_seqs * tasks_per_seq; ++unit) {
+    const int64_t seq = unit / tasks_per_seq, first_head = (unit % tasks_per_seq) * task_heads;
+    for (int64_t h = 0; h < task_heads; ++h)
+      vigil::merge_parts(&part_outputs[(unit * parts * task_heads + h) * dim], task_heads * dim,
+                         &part_stats[unit * parts * task_heads + h], task_heads, parts, dim,
+                         out_ptr + out.stride(0) * seq + out.stride(1) * (first_head + h));
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bf16_attention.h"
+#include "split_decode.h"
 #include "vector_math.h"
 
 namespace vigil {
@@ -23,34 +24,51 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
             const at::Tensor& lens, double scale, int64_t window, at::Tensor& out) {
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(2), group = num_heads / num_kv_heads, vectors = dim / 32;
-  const int64_t kv_heads_per_task = decode_kv_heads_per_task(num_seqs, num_kv_heads);
-  const int64_t tasks_per_seq = num_kv_heads / kv_heads_per_task;
-  const int64_t row_bytes = ((kv_heads_per_task - 1) * k_cache.stride(2) + dim) * static_cast<int64_t>(sizeof(Cache));
   const bf16* q_ptr = q.data_ptr<bf16>();
   const Cache* k_ptr = k_cache.data_ptr<Cache>();
   const Cache* v_ptr = v_cache.data_ptr<Cache>();
   const int32_t* table_ptr = tables.data_ptr<int32_t>();
   const int32_t* len_ptr = lens.data_ptr<int32_t>();
   bf16* out_ptr = out.data_ptr<bf16>();
+  const auto first_token = [&](int64_t seq) {  // the first context token the sequence's query sees
+    return window > 0 ? std::max<int64_t>(0, len_ptr[seq] - window) : 0;
+  };
+  int64_t longest = 0;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) longest = std::max<int64_t>(longest, len_ptr[seq] - first_token(seq));
+  // A task is a sequence's run of KV heads and one part of its keys (split_decode.h); parts past one write fp32
+  // outputs and softmax statistics a part, merged once every part is done.
+  const DecodeTasks cut = decode_tasks(num_seqs, num_kv_heads, longest);
+  const int64_t kv_heads_per_task = cut.kv_heads, parts = cut.parts;
+  const int64_t tasks_per_seq = num_kv_heads / kv_heads_per_task, heads = kv_heads_per_task * group;
+  const int64_t row_bytes = ((kv_heads_per_task - 1) * k_cache.stride(2) + dim) * static_cast<int64_t>(sizeof(Cache));
+  std::vector<float> part_outputs(parts > 1 ? num_seqs * tasks_per_seq * parts * heads * dim : 0);
+  std::vector<SoftmaxStats> part_stats(parts > 1 ? num_seqs * tasks_per_seq * parts * heads : 0);
+  const auto keys_of = [&](int64_t task) {
+    const int64_t seq = task / parts / tasks_per_seq;
+    return part_of_keys(first_token(seq), len_ptr[seq], parts, task % parts, kChunk);
+  };
 
-  TaskQueue queue(num_seqs * tasks_per_seq);
+  TaskQueue queue(num_seqs * tasks_per_seq * parts);
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     std::vector<float> scores;
     std::vector<int64_t> rows;
     ScoreScratch scratch;
-    std::vector<const bf16*> query_rows(kv_heads_per_task * group);
-    std::vector<const Cache*> key_rows(kv_heads_per_task * group);
+    std::vector<const bf16*> query_rows(heads);
+    std::vector<const Cache*> key_rows(heads);
     std::vector<bf16*> out_rows(group);
-    const auto first_token = [&](int64_t seq) {  // the first context token the sequence's query sees
-      return window > 0 ? std::max<int64_t>(0, len_ptr[seq] - window) : 0;
-    };
+    std::vector<float*> part_rows(group);
     for (int64_t task = queue.take(), following; task < queue.count(); task = following) {
       following = queue.take();  // taken now, so that its first key block is fetched ahead
-      const int64_t seq = task / tasks_per_seq, len = len_ptr[seq];
-      const int64_t first = first_token(seq), span = len - first;
-      token_rows(table_ptr + seq * tables.size(1), first, len, k_cache.size(1), k_cache.stride(0), k_cache.stride(1),
-                 rows);
-      const int64_t first_kv = (task % tasks_per_seq) * kv_heads_per_task, heads = kv_heads_per_task * group;
+      const int64_t unit = task / parts, seq = unit / tasks_per_seq;
+      const KeyRange keys = keys_of(task);
+      const int64_t span = keys.end - keys.begin;
+      if (span == 0) {  // a part past a shorter sequence's keys
+        for (int64_t h = 0; h < heads && parts > 1; ++h) part_stats[task * heads + h] = {0.f, 0.f};
+        continue;
+      }
+      token_rows(table_ptr + seq * tables.size(1), keys.begin, keys.end, k_cache.size(1), k_cache.stride(0),
+                 k_cache.stride(1), rows);
+      const int64_t first_kv = (unit % tasks_per_seq) * kv_heads_per_task;
       scores.resize(heads * span);
       for (int64_t h = 0; h < heads; ++h) {
         query_rows[h] = q_ptr + seq * q.stride(0) + (first_kv * group + h) * q.stride(1);
@@ -63,19 +81,35 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       // pass.
       const int first_chunk = static_cast<int>(std::min<int64_t>(kChunk, span));
       prefetch_rows(v_ptr + first_kv * k_cache.stride(2), rows.data(), first_chunk, row_bytes);
-      for (int64_t h = 0; h < heads; ++h) vigil::softmax(&scores[h * span], span);
-      if (following < queue.count()) {
-        const int64_t next = following / tasks_per_seq;
-        prefetch_block(k_ptr, table_ptr + next * tables.size(1), first_token(next), k_cache.size(1), k_cache.stride(0));
+      for (int64_t h = 0; h < heads; ++h) {
+        const SoftmaxStats stats = vigil::softmax(&scores[h * span], span);
+        if (parts > 1) part_stats[task * heads + h] = stats;
       }
+      const KeyRange next_keys = following < queue.count() ? keys_of(following) : KeyRange{0, 0};
+      if (next_keys.begin < next_keys.end)
+        prefetch_block(k_ptr, table_ptr + following / parts / tasks_per_seq * tables.size(1), next_keys.begin,
+                       k_cache.size(1), k_cache.stride(0));
       for (int64_t g = first_kv; g < first_kv + kv_heads_per_task; ++g) {
+        const float* weights = &scores[(g - first_kv) * group * span];
+        if (parts == 1) {
+          for (int64_t h = 0; h < group; ++h)
+            out_rows[h] = out_ptr + seq * out.stride(0) + (g * group + h) * out.stride(1);
+          weighted_values(v_ptr + g * k_cache.stride(2), rows.data(), span, weights, group, dim, out_rows.data());
+          continue;
+        }
         for (int64_t h = 0; h < group; ++h)
-          out_rows[h] = out_ptr + seq * out.stride(0) + (g * group + h) * out.stride(1);
-        weighted_values(v_ptr + g * k_cache.stride(2), rows.data(), span, &scores[(g - first_kv) * group * span], group,
-                        dim, out_rows.data());
+          part_rows[h] = &part_outputs[(task * heads + (g - first_kv) * group + h) * dim];
+        weighted_values(v_ptr + g * k_cache.stride(2), rows.data(), span, weights, group, dim, part_rows.data());
       }
     }
   });
+  if (parts == 1) return;
+  for (int64_t unit = 0; unit < num_seqs * tasks_per_seq; ++unit) {
+    const int64_t seq = unit / tasks_per_seq, first_head = (unit % tasks_per_seq) * heads;
+    for (int64_t h = 0; h < heads; ++h)
+      merge_parts(&part_outputs[(unit * parts * heads + h) * dim], heads * dim, &part_stats[unit * parts * heads + h],
+                  heads, parts, dim, out_ptr + seq * out.stride(0) + (first_head + h) * out.stride(1));
+  }
 }
 
 }  // namespace

@@ -92,6 +92,8 @@ inline void store16(at::BFloat16* p, __m512 v, __mmask16 lanes = 0xFFFF) {
   _mm256_mask_storeu_epi16(p, lanes, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 }
 
+inline void store16(float* p, __m512 v, __mmask16 lanes = 0xFFFF) { _mm512_mask_storeu_ps(p, lanes, v); }
+
 // v rounded to bf16 and widened again: what a value stored in bf16 and read back holds.
 inline __m512 round_to_bf16(__m512 v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
 

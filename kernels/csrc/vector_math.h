@@ -12,6 +12,12 @@
 
 namespace vigil {
 
+// What a softmax divided by: its row's largest value, and the sum of exp(x - peak).
+struct SoftmaxStats {
+  float peak;
+  float total;
+};
+
 // exp(x) for x <= 0, to about 1 ulp: Cody-Waite range reduction and the Cephes polynomial. Branch-free and
 // call-free, so a loop over it vectorises.
 inline float exp_nonpositive(float x) {
@@ -61,7 +67,7 @@ inline __m512 exp_nonpositive(__m512 x) {
 }
 
 // row[:len] = softmax(row[:len]), in place, 16 lanes at a time (GCC's own vectorisation kept 8 and a scalar max).
-inline void softmax(float* row, int64_t len) {
+inline SoftmaxStats softmax(float* row, int64_t len) {
   const auto tail = [&](int64_t i) { return first_lanes(len - i); };
   __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < len; i += 16)
@@ -73,13 +79,15 @@ inline void softmax(float* row, int64_t len) {
     _mm512_mask_storeu_ps(row + i, tail(i), e);
     total = _mm512_mask_add_ps(total, tail(i), total, e);
   }
-  const __m512 inverse = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+  const float sum = _mm512_reduce_add_ps(total);
+  const __m512 inverse = _mm512_set1_ps(1.f / sum);
   for (int64_t i = 0; i < len; i += 16)
     _mm512_mask_storeu_ps(row + i, tail(i), _mm512_mul_ps(_mm512_maskz_loadu_ps(tail(i), row + i), inverse));
+  return {_mm512_cvtss_f32(top), sum};
 }
 #else
 // row[:len] = softmax(row[:len]), in place.
-inline void softmax(float* row, int64_t len) {
+inline SoftmaxStats softmax(float* row, int64_t len) {
   constexpr int64_t kLanes = 8;
   const float peak = *std::max_element(row, row + len);
   for (int64_t t = 0; t < len; ++t) row[t] = exp_nonpositive(row[t] - peak);
@@ -92,6 +100,7 @@ inline void softmax(float* row, int64_t len) {
   for (int64_t j = 0; j < kLanes; ++j) total += partial[j];
   const float inverse = 1.f / total;
   for (int64_t i = 0; i < len; ++i) row[i] *= inverse;
+  return {peak, total};
 }
 #endif
 
