@@ -1,5 +1,6 @@
 // Paged decode attention for the CPU: reads K/V straight from their blocks, with no gathered copy.
-// A task computes every query head of a sequence's KV heads (all of them, or one when sequences are few).
+// A task computes every query head of a sequence's KV heads (all of them, or one when sequences are few and short)
+// over its keys, or over one part of them when sequences are few and long (split_decode.h).
 // Queries and outputs are fp32; the cache may be fp32, bf16, fp16 or fp8, widened as it is read. bf16 queries over
 // a bf16 or fp8 cache take paged_decode_bf16.cpp instead where the CPU has AVX512-BF16. With AVX2 the dot
 // products and the weighted sum of values use FMA directly; elsewhere the loops are written so that GCC

@@ -1,5 +1,6 @@
 // Paged decode attention with bf16 queries over a bf16 or fp8 cache, on CPUs with AVX512-BF16 (bf16_attention.h).
-// A task is a sequence and a run of its KV heads, with every query head that reads them.
+// A task is a sequence and a run of its KV heads, with every query head that reads them, over the sequence's keys or
+// one part of them (split_decode.h).
 #include "paged_attention_bf16.h"
 
 #ifdef VIGIL_AVX512_BF16
