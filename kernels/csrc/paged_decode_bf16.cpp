@@ -92,15 +92,18 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                        k_cache.size(1), k_cache.stride(0));
       for (int64_t g = first_kv; g < first_kv + kv_heads_per_task; ++g) {
         const float* weights = &scores[(g - first_kv) * group * span];
+        const int64_t ahead_bytes = g == first_kv && kv_heads_per_task > 1 ? row_bytes : 0;
         if (parts == 1) {
           for (int64_t h = 0; h < group; ++h)
             out_rows[h] = out_ptr + seq * out.stride(0) + (g * group + h) * out.stride(1);
-          weighted_values(v_ptr + g * k_cache.stride(2), rows.data(), span, weights, group, dim, out_rows.data());
+          weighted_values(v_ptr + g * k_cache.stride(2), rows.data(), span, weights, group, dim, out_rows.data(),
+                          ahead_bytes);
           continue;
         }
         for (int64_t h = 0; h < group; ++h)
           part_rows[h] = &part_outputs[(task * heads + (g - first_kv) * group + h) * dim];
-        weighted_values(v_ptr + g * k_cache.stride(2), rows.data(), span, weights, group, dim, part_rows.data());
+        weighted_values(v_ptr + g * k_cache.stride(2), rows.data(), span, weights, group, dim, part_rows.data(),
+                        ahead_bytes);
       }
     }
   });
