@@ -63,11 +63,12 @@ inline void axpy(float* out, float weight, const T* v, int64_t dim) {
 
 #ifdef VIGIL_AVX2
 // acc[h][c:c+32] += sum over tokens of weights[h][t] * V[t][c:c+32] for `Heads` query heads of one KV head:
-// 32 columns of each head stay in registers (Heads * 4 + 4 of the 16) for the whole sweep over the tokens.
+// 32 columns of each head stay in registers (Heads * 4 + 4 of the 16) for the whole sweep over the tokens. Each
+// row is fetched a block ahead: the columns read, or in the first sweep `ahead_bytes` of it where that is not 0.
 template <int Heads, typename T>
 inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t first, int64_t len,
                                 int64_t block_size, int64_t block_stride, int64_t token_stride, const float* weights,
-                                float* acc, int64_t dim) {
+                                float* acc, int64_t dim, int64_t ahead_bytes) {
   const int64_t num_blocks = (len + block_size - 1) / block_size;
   const int64_t span = len - first;
   for (int64_t c = 0; c < dim; c += 32) {
@@ -79,7 +80,10 @@ inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t 
       const T* next = b + 1 < num_blocks ? values + table[b + 1] * block_stride + c : nullptr;
       const int64_t rows = std::min(block_size, len - b * block_size);
       for (int64_t i = b == first / block_size ? first % block_size : 0; i < rows; ++i) {
-        if (next != nullptr) {
+        if (next != nullptr && c == 0 && ahead_bytes > 0) {
+          const char* row = reinterpret_cast<const char*>(next + i * token_stride);
+          for (int64_t line = 0; line < ahead_bytes; line += 64) __builtin_prefetch(row + line);
+        } else if (next != nullptr) {
           __builtin_prefetch(next + i * token_stride);
           __builtin_prefetch(next + i * token_stride + 16);
         }
@@ -101,26 +105,30 @@ inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t 
   }
 }
 
-// The V pass of a task: query heads of each KV head in runs of at most three.
+// The V pass of a task: query heads of each KV head in runs of at most three. A task over several KV heads passes
+// `row_bytes`, its rows' bytes: the first run fetches whole rows ahead, and the later runs find theirs in cache, as
+// the bf16 kernel's value pass does (bf16_attention.h).
 template <typename T>
 inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t first_token, int64_t len,
                                 int64_t block_size, int64_t block_stride, int64_t token_stride, int64_t head_stride,
-                                int64_t task_heads, int64_t group, const float* scores, float* acc, int64_t dim) {
+                                int64_t task_heads, int64_t group, const float* scores, float* acc, int64_t dim,
+                                int64_t row_bytes) {
   const int64_t span = len - first_token;
   for (int64_t first = 0; first < task_heads; first += std::min<int64_t>(3, group - first % group)) {
     const int64_t count = std::min<int64_t>(3, group - first % group);
     const T* head_values = values + (first / group) * head_stride;
     const float* weights = scores + first * span;
     float* out = acc + first * dim;
+    const int64_t ahead = first == 0 && task_heads > group ? row_bytes : 0;
     if (count == 3)
       weighted_values_avx2<3>(head_values, table, first_token, len, block_size, block_stride, token_stride, weights,
-                              out, dim);
+                              out, dim, ahead);
     else if (count == 2)
       weighted_values_avx2<2>(head_values, table, first_token, len, block_size, block_stride, token_stride, weights,
-                              out, dim);
+                              out, dim, ahead);
     else
       weighted_values_avx2<1>(head_values, table, first_token, len, block_size, block_stride, token_stride, weights,
-                              out, dim);
+                              out, dim, ahead);
   }
 }
 #endif
@@ -214,7 +222,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 #ifdef VIGIL_AVX2
       if (dim % 32 == 0) {
         weighted_values_avx2(v_ptr + head_offset, table, first, len, block_size, block_stride, token_stride,
-                             head_stride, task_heads, group, scores.data(), acc.data(), dim);
+                             head_stride, task_heads, group, scores.data(), acc.data(), dim, row_bytes);
         write_out(acc.data());
         continue;
       }
