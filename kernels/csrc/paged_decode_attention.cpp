@@ -169,18 +169,14 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   float* out_ptr = out.data_ptr<float>();
-  // The keys a query sees: all of them, or the last `window`.
-  const auto first_token = [&](int64_t seq) { return window > 0 ? std::max<int64_t>(0, lens[seq] - window) : 0; };
-  int64_t longest = 0;
-  for (int64_t seq = 0; seq < num_seqs; ++seq) longest = std::max<int64_t>(longest, lens[seq] - first_token(seq));
   // A task is a sequence's run of KV heads and one part of its keys (split_decode.h); parts past one keep each
   // part's sums and softmax statistics, merged once every part is done.
-  const vigil::DecodeTasks cut = vigil::decode_tasks(num_seqs, num_kv_heads, longest);
+  const vigil::DecodeTasks cut =
+      vigil::decode_tasks(num_seqs, num_kv_heads, vigil::longest_keys(lens, num_seqs, window));
   const int64_t heads_per_task = cut.kv_heads, parts = cut.parts;
   const int64_t tasks_per_seq = num_kv_heads / heads_per_task, task_heads = heads_per_task * group;
   const int64_t row_bytes = ((heads_per_task - 1) * head_stride + dim) * static_cast<int64_t>(sizeof(T));
-  std::vector<float> part_outputs(parts > 1 ? num_seqs * tasks_per_seq * parts * task_heads * dim : 0);
-  std::vector<vigil::SoftmaxStats> part_stats(parts > 1 ? num_seqs * tasks_per_seq * parts * task_heads : 0);
+  vigil::PartResults part_results(num_seqs * tasks_per_seq, parts, task_heads, dim);
 
   vigil::TaskQueue queue(num_seqs * tasks_per_seq * parts);
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -189,10 +185,10 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int64_t unit = task / parts, seq = unit / tasks_per_seq;
       const int64_t first_kv_head = (unit % tasks_per_seq) * heads_per_task;
       const vigil::KeyRange keys =
-          vigil::part_of_keys(first_token(seq), lens[seq], parts, task % parts, block_size);
+          vigil::part_of_keys(vigil::first_key(lens[seq], window), lens[seq], parts, task % parts, block_size);
       const int64_t first = keys.begin, len = keys.end, span = len - first;
-      if (span == 0) {  // a part past a shorter sequence's keys
-        for (int64_t h = 0; h < task_heads && parts > 1; ++h) part_stats[task * task_heads + h] = {0.f, 0.f};
+      if (span == 0) {
+        part_results.record_empty(task);
         continue;
       }
       const int32_t* table = tables + seq * table_width;
@@ -203,7 +199,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       }
       const auto write_out = [&](const float* sums) {
         for (int64_t h = 0; h < task_heads; ++h) {
-          float* to = parts > 1 ? &part_outputs[(task * task_heads + h) * dim]
+          float* to = parts > 1 ? part_results.output(task, h)
                                 : out_ptr + out.stride(0) * seq + out.stride(1) * (first_kv_head * group + h);
           std::copy(sums + h * dim, sums + (h + 1) * dim, to);
         }
@@ -214,10 +210,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
                        for (int64_t h = 0; h < task_heads; ++h)
                          scores[h * span + t] = score(&queries[h * dim], row + (h / group) * head_stride, dim);
                      });
-      for (int64_t h = 0; h < task_heads; ++h) {
-        const vigil::SoftmaxStats stats = vigil::softmax(&scores[h * span], span);
-        if (parts > 1) part_stats[task * task_heads + h] = stats;
-      }
+      for (int64_t h = 0; h < task_heads; ++h) part_results.record(task, h, vigil::softmax(&scores[h * span], span));
       std::fill(acc.begin(), acc.end(), 0.f);
 #ifdef VIGIL_AVX2
       if (dim % 32 == 0) {
@@ -236,13 +229,9 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
     }
   });
   if (parts == 1) return;
-  for (int64_t unit = 0; unit < num_seqs * tasks_per_seq; ++unit) {
-    const int64_t seq = unit / tasks_per_seq, first_head = (unit % tasks_per_seq) * task_heads;
-    for (int64_t h = 0; h < task_heads; ++h)
-      vigil::merge_parts(&part_outputs[(unit * parts * task_heads + h) * dim], task_heads * dim,
-                         &part_stats[unit * parts * task_heads + h], task_heads, parts, dim,
-                         out_ptr + out.stride(0) * seq + out.stride(1) * (first_head + h));
-  }
+  part_results.merge(num_seqs * tasks_per_seq, [&](int64_t unit, int64_t h) {
+    return out_ptr + unit / tasks_per_seq * out.stride(0) + ((unit % tasks_per_seq) * task_heads + h) * out.stride(1);
+  });
 }
 
 }  // namespace

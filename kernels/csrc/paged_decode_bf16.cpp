@@ -31,22 +31,16 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int32_t* table_ptr = tables.data_ptr<int32_t>();
   const int32_t* len_ptr = lens.data_ptr<int32_t>();
   bf16* out_ptr = out.data_ptr<bf16>();
-  const auto first_token = [&](int64_t seq) {  // the first context token the sequence's query sees
-    return window > 0 ? std::max<int64_t>(0, len_ptr[seq] - window) : 0;
-  };
-  int64_t longest = 0;
-  for (int64_t seq = 0; seq < num_seqs; ++seq) longest = std::max<int64_t>(longest, len_ptr[seq] - first_token(seq));
   // A task is a sequence's run of KV heads and one part of its keys (split_decode.h); parts past one write fp32
   // outputs and softmax statistics a part, merged once every part is done.
-  const DecodeTasks cut = decode_tasks(num_seqs, num_kv_heads, longest);
+  const DecodeTasks cut = decode_tasks(num_seqs, num_kv_heads, longest_keys(len_ptr, num_seqs, window));
   const int64_t kv_heads_per_task = cut.kv_heads, parts = cut.parts;
   const int64_t tasks_per_seq = num_kv_heads / kv_heads_per_task, heads = kv_heads_per_task * group;
   const int64_t row_bytes = ((kv_heads_per_task - 1) * k_cache.stride(2) + dim) * static_cast<int64_t>(sizeof(Cache));
-  std::vector<float> part_outputs(parts > 1 ? num_seqs * tasks_per_seq * parts * heads * dim : 0);
-  std::vector<SoftmaxStats> part_stats(parts > 1 ? num_seqs * tasks_per_seq * parts * heads : 0);
+  PartResults part_results(num_seqs * tasks_per_seq, parts, heads, dim);
   const auto keys_of = [&](int64_t task) {
-    const int64_t seq = task / parts / tasks_per_seq;
-    return part_of_keys(first_token(seq), len_ptr[seq], parts, task % parts, kChunk);
+    const int64_t len = len_ptr[task / parts / tasks_per_seq];
+    return part_of_keys(first_key(len, window), len, parts, task % parts, kChunk);
   };
 
   TaskQueue queue(num_seqs * tasks_per_seq * parts);
@@ -63,8 +57,8 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int64_t unit = task / parts, seq = unit / tasks_per_seq;
       const KeyRange keys = keys_of(task);
       const int64_t span = keys.end - keys.begin;
-      if (span == 0) {  // a part past a shorter sequence's keys
-        for (int64_t h = 0; h < heads && parts > 1; ++h) part_stats[task * heads + h] = {0.f, 0.f};
+      if (span == 0) {
+        part_results.record_empty(task);
         continue;
       }
       token_rows(table_ptr + seq * tables.size(1), keys.begin, keys.end, k_cache.size(1), k_cache.stride(0),
@@ -82,10 +76,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       // pass.
       const int first_chunk = static_cast<int>(std::min<int64_t>(kChunk, span));
       prefetch_rows(v_ptr + first_kv * k_cache.stride(2), rows.data(), first_chunk, row_bytes);
-      for (int64_t h = 0; h < heads; ++h) {
-        const SoftmaxStats stats = vigil::softmax(&scores[h * span], span);
-        if (parts > 1) part_stats[task * heads + h] = stats;
-      }
+      for (int64_t h = 0; h < heads; ++h) part_results.record(task, h, vigil::softmax(&scores[h * span], span));
       const KeyRange next_keys = following < queue.count() ? keys_of(following) : KeyRange{0, 0};
       if (next_keys.begin < next_keys.end)
         prefetch_block(k_ptr, table_ptr + following / parts / tasks_per_seq * tables.size(1), next_keys.begin,
@@ -101,19 +92,16 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
           continue;
         }
         for (int64_t h = 0; h < group; ++h)
-          part_rows[h] = &part_outputs[(task * heads + (g - first_kv) * group + h) * dim];
+          part_rows[h] = part_results.output(task, (g - first_kv) * group + h);
         weighted_values(v_ptr + g * k_cache.stride(2), rows.data(), span, weights, group, dim, part_rows.data(),
                         ahead_bytes);
       }
     }
   });
   if (parts == 1) return;
-  for (int64_t unit = 0; unit < num_seqs * tasks_per_seq; ++unit) {
-    const int64_t seq = unit / tasks_per_seq, first_head = (unit % tasks_per_seq) * heads;
-    for (int64_t h = 0; h < heads; ++h)
-      merge_parts(&part_outputs[(unit * parts * heads + h) * dim], heads * dim, &part_stats[unit * parts * heads + h],
-                  heads, parts, dim, out_ptr + seq * out.stride(0) + (first_head + h) * out.stride(1));
-  }
+  part_results.merge(num_seqs * tasks_per_seq, [&](int64_t unit, int64_t h) {
+    return out_ptr + unit / tasks_per_seq * out.stride(0) + ((unit % tasks_per_seq) * heads + h) * out.stride(1);
+  });
 }
 
 }  // namespace

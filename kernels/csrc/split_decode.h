@@ -40,6 +40,17 @@ inline DecodeTasks decode_tasks(int64_t num_seqs, int64_t num_kv_heads, int64_t 
   return {decode_kv_heads_per_task(num_seqs, num_kv_heads), 1};
 }
 
+// The first key a decode query sees in a context of `len`: all of them, or the last `window`.
+inline int64_t first_key(int64_t len, int64_t window) { return window > 0 ? std::max<int64_t>(0, len - window) : 0; }
+
+// The most keys any of the sequences' queries sees.
+inline int64_t longest_keys(const int32_t* lens, int64_t num_seqs, int64_t window) {
+  int64_t longest = 0;
+  for (int64_t seq = 0; seq < num_seqs; ++seq)
+    longest = std::max<int64_t>(longest, lens[seq] - first_key(lens[seq], window));
+  return longest;
+}
+
 struct KeyRange {
   int64_t begin;
   int64_t end;
@@ -77,5 +88,42 @@ void merge_parts(const float* outputs, int64_t stride, const SoftmaxStats* stats
   }
   for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<Out>(mixed[d]);
 }
+
+// What the tasks of a call that splits its keys leave for the mix: for task t (unit t / parts, part t % parts) and
+// each of its `heads` query heads, the part's fp32 output and softmax statistics. Holds nothing at one part.
+class PartResults {
+ public:
+  PartResults(int64_t units, int64_t parts, int64_t heads, int64_t dim)
+      : parts_(parts),
+        heads_(heads),
+        dim_(dim),
+        outputs_(parts > 1 ? units * parts * heads * dim : 0),
+        stats_(parts > 1 ? units * parts * heads : 0) {}
+
+  float* output(int64_t task, int64_t head) { return &outputs_[(task * heads_ + head) * dim_]; }
+
+  void record(int64_t task, int64_t head, SoftmaxStats stats) {
+    if (parts_ > 1) stats_[task * heads_ + head] = stats;
+  }
+
+  // A part past a shorter sequence's keys.
+  void record_empty(int64_t task) {
+    for (int64_t h = 0; h < heads_ && parts_ > 1; ++h) stats_[task * heads_ + h] = {0.f, 0.f};
+  }
+
+  // Every unit's heads mixed into out_row(unit, head), once every task is done.
+  template <typename OutRow>
+  void merge(int64_t units, const OutRow& out_row) const {
+    for (int64_t unit = 0; unit < units; ++unit)
+      for (int64_t h = 0; h < heads_; ++h)
+        merge_parts(&outputs_[(unit * parts_ * heads_ + h) * dim_], heads_ * dim_, &stats_[unit * parts_ * heads_ + h],
+                    heads_, parts_, dim_, out_row(unit, h));
+  }
+
+ private:
+  int64_t parts_, heads_, dim_;
+  std::vector<float> outputs_;
+  std::vector<SoftmaxStats> stats_;
+};
 
 }  // namespace vigil
