@@ -66,21 +66,22 @@ inline KeyRange part_of_keys(int64_t first, int64_t len, int64_t parts, int64_t 
 // One query head's output from its parts' outputs (part p's at outputs + p * stride, normalised over that part's
 // keys) and statistics (stats[p * stats_stride]; an empty part has total 0): each part weighs its share of the
 // whole softmax's sum, total * exp(peak - the largest peak). Parts are added in order, so the result does not
-// depend on which thread attended which part.
+// depend on which thread attended which part. `scratch` holds parts + dim floats.
 template <typename Out>
 void merge_parts(const float* outputs, int64_t stride, const SoftmaxStats* stats, int64_t stats_stride, int64_t parts,
-                 int64_t dim, Out* out) {
+                 int64_t dim, Out* out, float* scratch) {
   float peak = -std::numeric_limits<float>::infinity();
   for (int64_t p = 0; p < parts; ++p)
     if (stats[p * stats_stride].total > 0.f) peak = std::max(peak, stats[p * stats_stride].peak);
-  std::vector<float> weights(parts);
+  float* weights = scratch;
   float sum = 0.f;
   for (int64_t p = 0; p < parts; ++p) {
     const SoftmaxStats& part = stats[p * stats_stride];
     weights[p] = part.total > 0.f ? part.total * exp_nonpositive(part.peak - peak) : 0.f;
     sum += weights[p];
   }
-  std::vector<float> mixed(dim, 0.f);
+  float* mixed = scratch + parts;
+  std::fill(mixed, mixed + dim, 0.f);
   for (int64_t p = 0; p < parts; ++p) {
     if (weights[p] == 0.f) continue;  // an empty part's outputs were never written
     const float share = weights[p] / sum;
@@ -113,17 +114,19 @@ class PartResults {
 
   // Every unit's heads mixed into out_row(unit, head), once every task is done.
   template <typename OutRow>
-  void merge(int64_t units, const OutRow& out_row) const {
+  void merge(int64_t units, const OutRow& out_row) {
+    scratch_.resize(parts_ + dim_);
     for (int64_t unit = 0; unit < units; ++unit)
       for (int64_t h = 0; h < heads_; ++h)
         merge_parts(&outputs_[(unit * parts_ * heads_ + h) * dim_], heads_ * dim_, &stats_[unit * parts_ * heads_ + h],
-                    heads_, parts_, dim_, out_row(unit, h));
+                    heads_, parts_, dim_, out_row(unit, h), scratch_.data());
   }
 
  private:
   int64_t parts_, heads_, dim_;
   std::vector<float> outputs_;
   std::vector<SoftmaxStats> stats_;
+  std::vector<float> scratch_;  // a mix's part weights, then its fp32 sums: one allocation a call, not two a head
 };
 
 }  // namespace vigil
