@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -56,7 +57,12 @@ class LLM:
             if isinstance(seed, bool) or not isinstance(seed, int):
                 raise ValueError(f"seed must be an integer, not {seed!r}")
             torch.manual_seed(seed)
-        self.engine = build_engine(EngineConfig(model=model, **settings))
+        # Every torch call of this LLM runs on one thread of its own, whichever thread calls it. OpenMP keeps a pool
+        # of workers for each thread that starts parallel work; with more pooled threads than cores, a worker spins
+        # only briefly before it sleeps, and every parallel region of a decode step waits for one to wake: an LLM
+        # built on one thread and called on another (a web app's executor, say) decoded 2.6x slower.
+        self._torch_thread = ThreadPoolExecutor(1, thread_name_prefix="vigil-llm")
+        self.engine = self._torch_thread.submit(build_engine, EngineConfig(model=model, **settings)).result()
         self._ids = itertools.count()
 
     @property
@@ -72,8 +78,17 @@ class LLM:
         """Run every prompt to completion in one continuous batch; outputs come back in prompt order.
 
         With ``n > 1`` each prompt gets ``n`` sampled choices (``outputs[i]``); each is its own engine request,
-        and the prompt's KV blocks are shared through the prefix cache.
+        and the prompt's KV blocks are shared through the prefix cache. Calls from several threads run one after
+        another.
         """
+        return self._torch_thread.submit(self._generate, prompts, params, n).result()
+
+    def _generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        n: int,
+    ) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
