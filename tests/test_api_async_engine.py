@@ -91,6 +91,34 @@ def test_each_step_reaches_the_event_loop_in_one_callback(tiny_folder, monkeypat
     assert max(deliveries) == len(PROMPTS)
 
 
+def test_a_final_only_stream_gets_each_requests_last_output_in_one_callback(tiny_folder, monkeypatch):
+    """An unstreamed answer: the event loop is woken once, for the last outputs, which hold what every output of
+    a streamed twin added up to; the tokens before it are counted for an abort."""
+    deliveries = []
+    real_deliver = async_engine._deliver
+    monkeypatch.setattr(async_engine, "_deliver", lambda batch: (deliveries.append(len(batch)), real_deliver(batch)))
+    engine = AsyncEngine(make_engine(tiny_folder))
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+
+    async def body():
+        streamed = [output async for output in await engine.add(requests_for(engine, "every", params))]
+        streamed_deliveries = len(deliveries)
+        stream = await engine.add(requests_for(engine, "final", params), final_only=True)
+        finals = [output async for output in stream]
+        return streamed, deliveries[streamed_deliveries:], finals, stream.num_generated
+
+    streamed, final_deliveries, finals, generated = run(body, engine)
+    assert final_deliveries == [len(PROMPTS)]
+    twins = {output.request_id.removeprefix("every-"): output.outputs[0] for output in streamed if output.finished}
+    assert len(finals) == len(PROMPTS) and all(output.finished for output in finals)
+    for output in finals:
+        final, twin = output.outputs[0], twins[output.request_id.removeprefix("final-")]
+        assert (final.token_ids, final.text, final.logprobs) == (twin.token_ids, twin.text, twin.logprobs)
+        assert len(final.token_ids) == params.max_tokens
+    assert generated == {f"final-{i}": params.max_tokens - 1 for i in range(len(PROMPTS))}
+    assert_all_blocks_free(engine)
+
+
 def test_the_idle_loop_blocks_instead_of_spinning(tiny_folder):
     llm_engine = make_engine(tiny_folder)
     polls = []

@@ -131,8 +131,13 @@ def test_a_streaming_client_leaving_before_its_first_token_aborts(server):
     assert_freed_promptly(server, sock)
 
 
-def test_a_non_streaming_client_leaving_aborts(server):
+def test_a_non_streaming_client_leaving_aborts_and_what_it_generated_is_counted(server):
     sock = send_request(server.port, {"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 500, "ignore_eos": True})
     wait_admitted(server, 1)
     time.sleep(0.3)  # well into generation: no response has been sent
     assert_freed_promptly(server, sock)
+    # An unstreamed answer's outputs reach the event loop only at its end, which never came; the tokens it cost
+    # (what a tokens-per-minute limit settles) are counted all the same.
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    left = [line for line in lines if line["event"] == "generation_finished" and line["outcome"] == "client_disconnect"]
+    assert left and left[-1]["prompt_tokens"] == len(PROMPT_IDS) and left[-1]["completion_tokens"] > 0, left[-1:]

@@ -76,7 +76,7 @@ async def create_chat_completion(
         # The rendered prompt is the request's messages.
         error.param = "messages" if error.param == "prompt" else error.param
         raise
-    run = await admit(state, caller, generation, "chat", request.headers, to)
+    run = await admit(state, caller, generation, "chat", request.headers, to, body.stream)
     model, legacy = to.model, body.legacy_functions
 
     def build(finals: list[CompletionOutput]) -> ChatCompletionResponse:

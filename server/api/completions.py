@@ -43,7 +43,7 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
         state, fan_out, engine, new_id("cmpl"), body.prompts(), params, body.num_choices, engine.tokenizer.encode,
         cache_salt_for(state, caller, body.cache_salt), grammar.new_constraint if grammar else None,
     )
-    run = await admit(state, caller, generation, "text_completion", request.headers, to)
+    run = await admit(state, caller, generation, "text_completion", request.headers, to, body.stream)
     model = to.model
     shape = ChoiceShape(run, engine.tokenizer, body.echo, body.logprobs is not None)
 

@@ -208,6 +208,9 @@ class GenerationRun:
         """
         if self._closed:
             return
+        for index, request in enumerate(self.generation.requests):  # what an unstreamed choice left unfinished cost
+            generated = self._stream.num_generated.get(request.request_id, 0)
+            self._completion_tokens[index] = max(self._completion_tokens[index], generated)
         outcome = "failed" if self._failed else "client_disconnect" if self._unfinished else "finished"
         if outcome == "client_disconnect" and self._telemetry is not None:
             self._telemetry.record_error("client_disconnect")
@@ -223,10 +226,11 @@ class GenerationRun:
 
 async def admit(
     state: ServerState, caller: Caller, generation: Generation, operation: str, headers: Mapping[str, str],
-    to: Route,
+    to: Route, stream: bool,
 ) -> GenerationRun:
     """Reserve tokens and hand the requests to the engine of the route ``to``. ``operation`` (``text_completion``
-    or ``chat``) and the request headers (for ``traceparent``) name the request's trace span."""
+    or ``chat``) and the request headers (for ``traceparent``) name the request's trace span. An unstreamed
+    answer (``stream`` false) takes each choice's final output alone."""
     reservation = state.limiter.reserve_tokens(caller.tenant, generation.token_budget)
     tracer = state.telemetry.tracer if state.telemetry is not None else None
     request_ids = [r.request_id for r in generation.requests]
@@ -235,13 +239,13 @@ async def admit(
         tracer.start(request_ids, operation, to.model, first.sampling_params, first.max_tokens, headers,
                      caller.tenant)
     try:
-        stream = await to.engine.add(generation.requests)
+        outputs = await to.engine.add(generation.requests, final_only=not stream)
     except BaseException as error:
         if tracer is not None:
             tracer.discard(request_ids, type(error).__name__)
         reservation.settle(0)
         raise _admission_error(error) from None
-    return GenerationRun(generation, stream, reservation, caller.tenant, state.telemetry)
+    return GenerationRun(generation, outputs, reservation, caller.tenant, state.telemetry)
 
 
 async def respond(
