@@ -10,7 +10,7 @@ import logging
 import os
 import resource
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from server.engine_args import add_engine_args
@@ -167,16 +167,16 @@ def build_server(args: argparse.Namespace, environ: dict[str, str]) -> "Draining
 
 
 def build_router(served: ServedModels, telemetry: "Telemetry | None", matmul_peak_flops: float | None) -> "ModelRouter":
-    """One engine per served model (each loads on its own thread), and the routing aliases' policies, whose
-    decisions telemetry counts."""
+    """One engine per served model, and the routing aliases' policies, whose decisions telemetry counts. Several
+    engines load and step on one shared device thread (server/engine/async_engine.py says why)."""
     from server.api.router import ModelRouter, ServedModel
     from server.api.routing_policy import make_policy
     from server.engine.async_engine import AsyncEngine
 
-    step_lock = threading.Lock()  # the engines take turns on the device
+    device = ThreadPoolExecutor(1, thread_name_prefix="vigil-device") if len(served.models) > 1 else None
     models = [
         ServedModel(spec.name, AsyncEngine(engine_loader(spec.engine, telemetry, matmul_peak_flops, spec.name),
-                                           step_lock))
+                                           device))
         for spec in served.models
     ]
     aliases = {alias.name: make_policy(alias.policy, alias.settings) for alias in served.aliases}

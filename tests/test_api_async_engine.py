@@ -4,6 +4,7 @@ import asyncio
 import gc
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -117,6 +118,48 @@ def test_a_final_only_stream_gets_each_requests_last_output_in_one_callback(tiny
         assert len(final.token_ids) == params.max_tokens
     assert generated == {f"final-{i}": params.max_tokens - 1 for i in range(len(PROMPTS))}
     assert_all_blocks_free(engine)
+
+
+def test_engines_that_share_a_device_load_and_step_on_its_one_thread(tiny_folder):
+    """Two served models: each engine's loading and steps run on the shared device thread, never on the engines'
+    own threads (a second OpenMP pool would stop the first's workers spinning), and both answer as alone."""
+    offline = LLM(model=str(tiny_folder), dtype="float32", kv_cache_memory=8 * 2**20).generate(PROMPTS, GREEDY)
+    ran_on: list[tuple[str, str]] = []
+
+    def loader():  # noqa: ANN202
+        ran_on.append(("load", threading.current_thread().name))
+        engine = make_engine(tiny_folder)
+        step = engine.step
+        engine.step = lambda: (ran_on.append(("step", threading.current_thread().name)), step())[1]
+        return engine
+
+    with ThreadPoolExecutor(1, thread_name_prefix="device") as device:
+        engines = [AsyncEngine(loader, device), AsyncEngine(loader, device)]
+
+        async def body():
+            for engine in engines:
+                engine.start(asyncio.get_running_loop())
+            try:
+                while any(engine.loading for engine in engines):
+                    await asyncio.sleep(0.01)
+
+                async def collect(engine, tag):  # noqa: ANN001, ANN202
+                    return [output async for output in await engine.add(requests_for(engine, tag))]
+
+                return await asyncio.wait_for(asyncio.gather(collect(engines[0], "a"), collect(engines[1], "b")),
+                                              TIMEOUT_S)  # fmt: skip
+            finally:
+                for engine in engines:
+                    engine.stop()
+                    await asyncio.to_thread(engine.join, TIMEOUT_S)
+
+        results = asyncio.run(body())
+    for outputs in results:
+        finals = {output.request_id.split("-", 1)[1]: output for output in outputs if output.finished}
+        assert [finals[str(i)].outputs[0].token_ids for i in range(len(PROMPTS))] == [
+            expected.outputs[0].token_ids for expected in offline]  # fmt: skip
+    assert {kind for kind, _ in ran_on} == {"load", "step"}
+    assert {thread for _, thread in ran_on} == {"device_0"}, ran_on
 
 
 def test_the_idle_loop_blocks_instead_of_spinning(tiny_folder):
