@@ -87,6 +87,21 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
     assert bool((error <= rounding * 1.001 + slack * largest).all()), float((error - rounding).max())
 
 
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize(("rows", "outputs", "inputs"), [(9, 80, 576), (33, 960, 576), (64, 48, 1536), (130, 576, 96)])
+def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, inputs):
+    """Nine rows and more of bf16 x take the weights dequantised to bf16: with AMX a column pair of 32 outputs at a
+    time, transposed into the tiles' layout, over every block of 32 rows (the last part-filled; 48 and 80 outputs
+    end in half a pair)."""
+    generator = torch.Generator().manual_seed(rows + outputs)
+    weight = quantize(torch.randn(outputs, inputs, generator=generator), method)
+    x = torch.randn(rows, inputs, generator=generator).bfloat16()
+    expected = getattr(reference, f"{method}_linear")(x.float(), *weight.tensors)
+    actual = getattr(compiled, f"{method}_linear")(x, *weight.tensors)
+    assert actual.dtype == torch.bfloat16 and actual.shape == (rows, outputs)
+    assert bool(((actual.float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
+
+
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("group_size", [64, 96])
 def test_int4_groups_of_several_blocks_match_the_torch_oracle(compiled, rows, group_size):

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "amx_pairs.h"
 #include "amx_tiles.h"
 #include "compile_time_rows.h"
 #include "silu_mul.h"
@@ -256,6 +257,49 @@ void check_out_features(const at::Tensor& packed, int64_t out_features) {
 
 }  // namespace
 
+#ifdef VIGIL_AMX
+namespace {
+
+// Rows [m, m + 32) of y's column pair p, [M, N]: a (rows lda apart) times the pair's stream, which the first row
+// block prefetches ahead (and each fetches its share of `coming`'s stream, where given) as multiply_block does.
+void multiply_pair(const char* stream, const at::BFloat16* a, int64_t lda, int64_t blocks, bool prefetch,
+                   const char* coming, int64_t coming_step, at::BFloat16* y, int64_t M, int64_t N, int64_t m,
+                   int64_t p) {
+  const int64_t ahead = vigil::kPrefetchBytes;
+  const TileStreams b{{stream, stream + kTileBytes}, {stream + ahead, stream + ahead + kTileBytes}};
+  alignas(64) float sums[4][256];
+  multiply_block<kTileBytes>(a, lda, blocks, b, prefetch, coming, coming_step, sums);
+  const int64_t rows = std::min<int64_t>(32, M - m), top = std::min<int64_t>(16, rows);
+  const int64_t columns = std::min<int64_t>(kPair, N - p * kPair);
+  at::BFloat16* y_block = y + m * N + p * kPair;
+  store_tile(sums[0], y_block, N, top, columns);
+  store_tile(sums[1], y_block + 16, N, top, columns - 16);
+  if (rows > 16) {
+    store_tile(sums[2], y_block + 16 * N, N, rows - 16, columns);
+    store_tile(sums[3], y_block + 16 * N + 16, N, rows - 16, columns - 16);
+  }
+}
+
+}  // namespace
+
+at::Tensor vigil::amx_linear_over_pairs(const at::Tensor& x, int64_t N, const WritePair& write_pair) {
+  const int64_t M = x.size(0), blocks = x.size(1) / kBlock, stream_bytes = blocks * kBlockBytes;
+  auto y = at::empty({M, N}, x.options());
+  // A thread writes a pair's stream when it takes the pair (its first row block); the other row blocks read it
+  // from L2.
+  auto streams = at::empty({at::get_num_threads(), stream_bytes}, at::TensorOptions().dtype(at::kByte));
+  char* const first_stream = static_cast<char*>(streams.data_ptr());
+  at::BFloat16* out = y.data_ptr<at::BFloat16>();
+  for_each_block(x, (N + 31) / 32, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m,
+                                        const Coming& coming) {
+    char* stream = first_stream + at::get_thread_num() * stream_bytes;
+    if (coming.part == 0) write_pair(p, stream);
+    multiply_pair(stream, a, lda, blocks, false, nullptr, 0, out, M, N, m, p);
+  });
+  return y;
+}
+#endif
+
 at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   const int64_t K = checked_inputs(x, packed), M = x.size(0), N = out_features;
   check_out_features(packed, N);
@@ -266,20 +310,8 @@ at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
   const int64_t blocks = K / kBlock;
   for_each_block(x, (N + 31) / 32, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m,
                                         const Coming& coming) {
-    const char* stream = w + p * blocks * kBlockBytes;
-    const int64_t ahead = vigil::kPrefetchBytes;
-    const TileStreams b{{stream, stream + kTileBytes}, {stream + ahead, stream + ahead + kTileBytes}};
-    alignas(64) float sums[4][256];
-    multiply_block<kTileBytes>(a, lda, blocks, b, coming.part == 0, coming.share(w, 0, blocks), coming.step(), sums);
-    const int64_t rows = std::min<int64_t>(32, M - m), top = std::min<int64_t>(16, rows);
-    const int64_t columns = std::min<int64_t>(kPair, N - p * kPair);
-    at::BFloat16* y_block = out + m * N + p * kPair;
-    store_tile(sums[0], y_block, N, top, columns);
-    store_tile(sums[1], y_block + 16, N, top, columns - 16);
-    if (rows > 16) {
-      store_tile(sums[2], y_block + 16 * N, N, rows - 16, columns);
-      store_tile(sums[3], y_block + 16 * N + 16, N, rows - 16, columns - 16);
-    }
+    multiply_pair(w + p * blocks * kBlockBytes, a, lda, blocks, coming.part == 0, coming.share(w, 0, blocks),
+                  coming.step(), out, M, N, m, p);
   });
 #endif
   return y;
