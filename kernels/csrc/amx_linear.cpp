@@ -27,10 +27,10 @@ constexpr int64_t kMaxFewRows = 8;  // rows amx_few_rows_linear takes
 #ifdef VIGIL_AMX
 namespace {
 
-constexpr int64_t kPair = 32;            // outputs a column pair holds
-constexpr int64_t kBlock = 32;           // inputs a tile's rows hold, in pairs
-constexpr int64_t kTileBytes = 1024;     // 16 rows x 64 bytes
-constexpr int64_t kBlockBytes = 2 * kTileBytes;
+using vigil::amx_layout::kBlock;
+using vigil::amx_layout::kBlockBytes;
+using vigil::amx_layout::kPair;
+using vigil::amx_layout::kTileBytes;
 // Threads take units of output columns a few at a time, as they finish: two at least, and a 64th of a wide
 // layer's (the output layer: 24 column pairs, so that each row's outputs are written in longer runs; 0.94x the
 // time of two at 64 rows).

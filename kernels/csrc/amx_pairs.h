@@ -13,6 +13,14 @@
 #ifdef VIGIL_AMX
 namespace vigil {
 
+// The packed layout's sizes (amx_linear.cpp describes the layout).
+namespace amx_layout {
+constexpr int64_t kPair = 32;         // outputs a column pair holds
+constexpr int64_t kBlock = 32;        // inputs a tile's rows hold, in pairs
+constexpr int64_t kTileBytes = 1024;  // 16 rows x 64 bytes
+constexpr int64_t kBlockBytes = 2 * kTileBytes;
+}  // namespace amx_layout
+
 // Writes column pair `pair`'s packed stream: its K/32 blocks of two 16 x 64-byte tiles.
 using WritePair = std::function<void(int64_t pair, char* stream)>;
 
@@ -53,11 +61,11 @@ template <typename Block>
 void write_pair_stream(int64_t pair, int64_t N, int64_t blocks, const Block& block, char* stream) {
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t tile = 0; tile < 2; ++tile) {
-      const int64_t first = pair * 32 + tile * 16;
+      const int64_t first = pair * amx_layout::kPair + tile * 16;
       __m512i rows[16];
       for (int64_t o = 0; o < 16; ++o) rows[o] = first + o < N ? block(first + o, b) : _mm512_setzero_si512();
       transpose16(rows);
-      char* out = stream + (2 * b + tile) * 1024;
+      char* out = stream + b * amx_layout::kBlockBytes + tile * amx_layout::kTileBytes;
       for (int64_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + 64 * r, rows[r]);
     }
 }
