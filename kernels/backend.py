@@ -21,7 +21,7 @@ from types import ModuleType
 
 import torch
 
-from kernels import fresh_prefill, reference
+from kernels import reference
 
 BACKEND_ENV = "VIGIL_ATTENTION_BACKEND"
 BACKENDS = ("torch", "triton", "cpu")
@@ -185,22 +185,21 @@ class TorchAttention(AttentionBackend):
 class CpuAttention(AttentionBackend):
     """The compiled C++ kernels; they read their sizes from the tensors on the host, with no sync to pay.
 
-    Prompts with no cached context take torch's flash attention (``fresh_by_flash``) only where AMX tiles are
-    granted: there oneDNN runs its products on them, 2.2-3.4x the paged kernel's speed in bf16 on an Emerald Rapids
-    Xeon. Without AMX the paged kernel is the faster: on a Zen 5, one layer of SmolLM2's heads took 0.23-0.32x
-    flash attention's time in bf16 and 0.47-0.74x in fp32 for 16-512 new tokens."""
+    Every prompt row takes the paged prefill kernel, on AMX tiles for bf16 queries where they are granted
+    (kernels/csrc/paged_prefill_amx.cpp): there it also beats torch's flash attention over a prompt's own keys
+    (0.72x its time for 128 new tokens of SmolLM2's heads, 0.63x for 512), which this backend used to call for
+    prompts with no cached context."""
 
     name = "cpu"
 
     def __init__(self, device: torch.device, compiled: ModuleType) -> None:
         super().__init__(device)
         self.compiled = compiled
-        self.fresh_by_flash = bool(compiled.amx_linear_usable())
 
     @property
     def prompt_attention(self) -> str:
-        if self.fresh_by_flash:
-            return "torch flash attention for prompts with no cached context (AMX tiles), the paged kernel for the rest"
+        if self.compiled.amx_linear_usable():
+            return "the paged kernel (on AMX tiles for bf16 queries)"
         return "the paged kernel"
 
     def store_kv(
@@ -220,60 +219,19 @@ class CpuAttention(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         meta: AttentionMetadata, scale: float, window: int | None = None,
     ) -> torch.Tensor:
-        if not self.fresh_by_flash:
-            return self._paged_prefill(q, k_cache, v_cache, meta, scale, window)
-        fresh = fresh_prefill.fresh_sequences(meta.prefill_query_starts, meta.prefill_context_lens, window)
-        if not any(fresh):
-            return self._paged_prefill(q, k_cache, v_cache, meta, scale, window)
-        out = torch.empty_like(q)
-        if not all(fresh):
-            self._paged_prefill_of([not f for f in fresh], q, k_cache, v_cache, meta, scale, window, out)
-        # Rounded as the cache holds them, so that prefill sees what later decode steps read.
-        k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
-        fresh_prefill.attend_fresh(q, k, v, meta.prefill_query_starts, fresh, scale, out)
-        return out
-
-    def _paged_prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        window: int | None,
-    ) -> torch.Tensor:
         return self.compiled.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
             window or 0,
-        )
-
-    def _paged_prefill_of(
-        self, chosen: list[bool], q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        meta: AttentionMetadata, scale: float, window: int | None, out: torch.Tensor,
-    ) -> None:
-        """The paged kernel over the chosen sequences alone, into their rows of ``out``."""
-        starts = meta.prefill_query_starts
-        picked = [i for i, taken in enumerate(chosen) if taken]
-        device = q.device
-        rows = torch.cat([torch.arange(starts[i], starts[i + 1], device=device) for i in picked])
-        cu_seqlens = [0]
-        for i in picked:
-            cu_seqlens.append(cu_seqlens[-1] + starts[i + 1] - starts[i])
-        index = torch.tensor(picked, device=device)
-        cu_seqlens_q = torch.tensor(cu_seqlens, dtype=torch.int32, device=device)
-        out[rows] = self.compiled.paged_prefill_attention(
-            q[rows], k_cache, v_cache, meta.prefill_block_tables[index], cu_seqlens_q, meta.prefill_seq_lens[index],
-            scale, window or 0,
         )
 
 
 class BatchInvariantCpuAttention(CpuAttention):
     """Every row through the one paged prefill kernel, a decoding sequence as a one-token chunk. That kernel sums a
     query's keys in the same order however its sequence is chunked and whatever other sequences share the call, so a
-    token's attention is the same bits alone, in a batch, prefilled or decoded (tests/test_batch_invariant.py).
-    Fresh prompts skip torch's flash attention, whose tiles depend on the prompt's length."""
+    token's attention is the same bits alone, in a batch, prefilled or decoded (tests/test_batch_invariant.py)."""
 
     name = "cpu-batch-invariant"
     batch_invariant = True
-
-    @property
-    def prompt_attention(self) -> str:
-        return "the paged kernel"
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
         decoding = batch.num_decode_tokens  # prefill_query_starts begins with 0
@@ -286,12 +244,6 @@ class BatchInvariantCpuAttention(CpuAttention):
             prefill_seq_lens=batch.decode_seq_lens + batch.prefill_seq_lens,
         )
         return super().prepare(as_prefill)
-
-    def prefill(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        meta: AttentionMetadata, scale: float, window: int | None = None,
-    ) -> torch.Tensor:
-        return self._paged_prefill(q, k_cache, v_cache, meta, scale, window)
 
 
 class TritonAttention(AttentionBackend):

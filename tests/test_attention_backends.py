@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu, fresh_prefill
+from kernels import cpu
 from kernels.backend import (
     AttentionBackend,
     AttentionBatch,
@@ -92,21 +92,14 @@ def test_every_backend_stores_and_attends_as_the_oracle(decode_lens, prefills, w
     ]),
     seed=st.integers(0, 2**16),
 )
-def test_prompts_without_cached_context_attend_over_their_own_keys_as_the_oracle_over_the_cache(
+def test_prompts_with_and_without_cached_context_attend_as_the_oracle_in_every_dtype(
     decode_lens, prefills, dtypes, seed
 ):
-    """The CPU backend's fresh-prefill path (torch's flash attention on the step's own K/V, runs of equal lengths in
-    one call) beside the paged kernel for chunks over cached context, against the oracle, which reads the cache
-    for all of them: the same values, rounded as the cache holds them."""
+    """The CPU backend's prompt rows, fresh prompts and chunks over cached context alike, through the paged kernel
+    (on AMX tiles for bf16 queries where the CPU has them), against the oracle over the same rounded cache."""
     compute_dtype, cache_dtype = dtypes
     generator = torch.Generator().manual_seed(seed)
     batch = mixed_batch(decode_lens, prefills, generator)
-    fresh = [cached == 0 for cached, _ in prefills]
-    longest = max(new for _, new in prefills)
-    assert fresh_prefill.fresh_sequences(batch.prefill_query_starts, batch.prefill_seq_lens, None) == fresh
-    assert fresh_prefill.fresh_sequences(batch.prefill_query_starts, batch.prefill_seq_lens, longest) == fresh
-    shorter = [cached == 0 and new < longest for cached, new in prefills]
-    assert fresh_prefill.fresh_sequences(batch.prefill_query_starts, batch.prefill_seq_lens, longest - 1) == shorter
     num_tokens = len(batch.slot_mapping)
     q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(compute_dtype)
     k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator).to(compute_dtype) for _ in range(2))
@@ -118,30 +111,14 @@ def test_prompts_without_cached_context_attend_over_their_own_keys_as_the_oracle
         return backend.forward(q, k, v, (caches[0], caches[1]), backend.prepare(batch), HEAD_DIM**-0.5)
 
     expected = run(TorchAttention(DEVICE)).float()
-    cpu_backend = backends()[0]
-    assert isinstance(cpu_backend, CpuAttention)
-    for by_flash in (True, False):  # the AMX CPUs' choice, and the others'
-        cpu_backend.fresh_by_flash = by_flash
-        out = run(cpu_backend).float()
-        assert float((out - expected).abs().max()) < (1e-4 if compute_dtype == torch.float32 else 2e-2), by_flash
+    out = run(backends()[0]).float()
+    assert float((out - expected).abs().max()) < (1e-4 if compute_dtype == torch.float32 else 2e-2)
 
 
-def test_prompts_take_flash_attention_only_where_amx_tiles_run_its_products(monkeypatch):
-    """Without AMX the paged kernel attends every prompt row: flash attention is never called."""
+def test_the_plan_names_amx_tiles_for_prompts_only_where_the_process_may_use_them():
     compiled = cpu.load()
     backend = CpuAttention(DEVICE, compiled)
-    assert backend.fresh_by_flash == compiled.amx_linear_usable()
-    assert ("flash" in backend.prompt_attention) == backend.fresh_by_flash
-    calls = []
-    monkeypatch.setattr(fresh_prefill, "attend_fresh", lambda *args: calls.append(args))
-    batch = mixed_batch([], [(0, 24)], torch.Generator().manual_seed(1))
-    q = torch.randn(24, HEADS, HEAD_DIM)
-    k, v = torch.randn(24, KV_HEADS, HEAD_DIM), torch.randn(24, KV_HEADS, HEAD_DIM)
-    caches = tuple(torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM) for _ in range(2))
-    for by_flash in (False, True):
-        backend.fresh_by_flash = by_flash
-        backend.forward(q, k, v, caches, backend.prepare(batch), HEAD_DIM**-0.5)
-        assert len(calls) == by_flash
+    assert ("AMX" in backend.prompt_attention) == compiled.amx_linear_usable()
 
 
 def test_metadata_carries_the_host_sizes_the_kernels_would_otherwise_sync_for():

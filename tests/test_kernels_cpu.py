@@ -232,6 +232,53 @@ def test_bf16_prefill_matches_the_reference(
     )
 
 
+@settings(max_examples=12, deadline=None)
+@given(
+    block_size=st.sampled_from([8, 16, 32]),
+    head_dim=st.sampled_from([64, 256]),
+    sequences=st.lists(st.tuples(st.integers(0, 700), st.integers(1, 200)), min_size=1, max_size=3),
+    cache_dtype=st.sampled_from([torch.bfloat16, torch.float8_e4m3fn]),
+    window=st.one_of(st.none(), st.integers(1, 400)),
+    seed=st.integers(0, 2**16),
+)
+def test_bf16_prefill_over_long_contexts_matches_the_reference(
+    compiled, block_size, head_dim, sequences, cache_dtype, window, seed
+):
+    """Hundreds of cached keys and prompts of many query tiles (SmolLM2's 3 KV heads of 3 query heads each): with
+    AMX, many 32-key steps of the tiles' online softmax, windows that begin inside a step, and a last step past the
+    context."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [cached + new for cached, new in sequences]
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, block_size, 3, head_dim, cache_dtype)
+    cu_seqlens = torch.tensor([0] + [new for _, new in sequences], dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu_seqlens[-1]), 9, head_dim, generator=generator).bfloat16()
+    assert_both_paths_match_the_oracle(
+        compiled, "paged_prefill_attention", q, k_cache, v_cache, tables, cu_seqlens,
+        torch.tensor(lengths, dtype=torch.int32), head_dim**-0.5, window=window,
+    )
+
+
+@pytest.mark.parametrize("window", [0, 37])
+def test_bf16_prefill_gives_a_token_the_same_bits_however_its_prompt_is_chunked(compiled, window):
+    """What the batch-invariant backend relies on: a prompt's last rows, attended as a later chunk over the cached
+    rest and beside another sequence, are the bits they are when the whole prompt is one chunk."""
+    generator = torch.Generator().manual_seed(7)
+    lengths = [300, 90]
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, 16, 3, 64, torch.bfloat16)
+    q = torch.randn(300, 9, 64, generator=generator).bfloat16()
+    other = torch.randn(90, 9, 64, generator=generator).bfloat16()
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+
+    def attend(queries: torch.Tensor, new: list[int]) -> torch.Tensor:
+        cu_seqlens = torch.tensor([0, *new], dtype=torch.int32).cumsum(0).to(torch.int32)
+        return compiled.paged_prefill_attention(queries, k_cache, v_cache, tables, cu_seqlens, seq_lens, 0.125, window)
+
+    whole = attend(torch.cat([q, other]), [300, 90])[:300]
+    for first in (1, 77, 250, 299):
+        chunk = attend(torch.cat([q[first:], other[60:]]), [300 - first, 30])[: 300 - first]
+        assert torch.equal(bits(chunk), bits(whole[first:])), first
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 

@@ -1,0 +1,267 @@
+// Paged prefill attention on AMX tiles: flash attention's loop, for bf16 queries over a bf16 or fp8 cache.
+//
+// First each sequence's keys and values are gathered, per KV head, from their blocks into buffers laid out for the
+// tiles: keys as rows [key, dim], from which a tile of 16 keys x 32 dims loads as it is, and values transposed in
+// pairs of keys [32-key step, 16 dims, 16 key pairs] (tiles of Vᵀ). A task is then 16 new tokens of one query
+// head. For each 32 keys it takes Sᵀ = K·Qᵀ on the tiles, rows keys and lanes tokens, so that the online softmax is
+// vector arithmetic down the rows with no horizontal reductions; the probabilities, rounded to bf16 and
+// interleaved in key pairs, are the B tile of Oᵀ += Vᵀ·Pᵀ, whose sums go into fp32 accumulators rescaled by the
+// change of each token's maximum. A task reads the keys up to its last token, from the window of its first.
+//
+// On two Emerald Rapids cores, SmolLM2's heads (9 over 3 KV heads of 64): 0.23x the time of the AVX512-BF16
+// kernel (paged_prefill_bf16.cpp) for the last 464 tokens of a 2000-token prompt, 0.47x for 128 fresh tokens; and
+// 0.72x and 0.63x torch's flash attention for 128 and 512 fresh tokens.
+#include "paged_prefill_amx.h"
+
+#ifdef VIGIL_AMX
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "amx_pairs.h"
+#include "paged_attention_bf16.h"
+#include "vector_math.h"
+
+namespace vigil {
+namespace {
+
+using bf16 = at::BFloat16;
+
+constexpr int64_t kTokens = 16;  // new tokens a task takes: the lanes of its tiles
+constexpr int64_t kStep = 32;    // keys scored at a time: two tiles of 16 rows
+constexpr int64_t kTile = 256;   // 32-bit elements of a tile: 16 rows x 64 bytes
+
+// 16 cache values as bf16 bits; fp8 values are exact in bf16.
+inline __m256i bf16_bits(const bf16* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+template <typename Fp8>
+inline __m256i bf16_bits(const Fp8* p) {
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(load16(p)));
+}
+
+// A sequence's gathered keys: the position of the first, the steps of kStep keys per KV head (keys past the
+// context are zero), and where KV head 0's steps begin; head h's follow `steps` later.
+struct Gathered {
+  int64_t first_key;
+  int64_t steps;
+  int64_t offset;
+};
+
+// Keys [first, end) of one KV head (end - first <= kStep) into a step of the gathered buffers: `keys` kStep rows
+// of dim, `values` dim / 16 tiles whose row d holds, for each key pair j, values 2j and 2j + 1 of dimension d.
+template <typename Cache>
+void gather_step(const Cache* k_head, const Cache* v_head, const int32_t* table, int64_t block_size,
+                 int64_t block_stride, int64_t token_stride, int64_t first, int64_t end, int64_t dim, bf16* keys,
+                 int32_t* values) {
+  const Cache* key_rows[kStep];
+  const Cache* value_rows[kStep];
+  for (int64_t r = 0; r < kStep; ++r) {
+    const int64_t position = first + r;
+    if (position >= end) {
+      key_rows[r] = value_rows[r] = nullptr;
+      continue;
+    }
+    const int64_t offset = table[position / block_size] * block_stride + position % block_size * token_stride;
+    key_rows[r] = k_head + offset;
+    value_rows[r] = v_head + offset;
+  }
+  const auto sixteen = [](const Cache* row, int64_t d) { return row ? bf16_bits(row + d) : _mm256_setzero_si256(); };
+  for (int64_t r = 0; r < kStep; ++r)
+    for (int64_t d = 0; d < dim; d += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(keys + r * dim + d), sixteen(key_rows[r], d));
+  for (int64_t group = 0; group < dim / 16; ++group) {
+    __m512i pairs[16];
+    for (int64_t j = 0; j < 16; ++j) {
+      const __m512i even = _mm512_cvtepu16_epi32(sixteen(value_rows[2 * j], 16 * group));
+      const __m512i odd = _mm512_cvtepu16_epi32(sixteen(value_rows[2 * j + 1], 16 * group));
+      pairs[j] = _mm512_or_si512(even, _mm512_slli_epi32(odd, 16));
+    }
+    transpose16(pairs);
+    for (int64_t d = 0; d < 16; ++d) _mm512_storeu_si512(values + group * kTile + d * 16, pairs[d]);
+  }
+}
+
+struct Task {
+  int64_t seq;
+  int64_t head;
+  int64_t first_token;
+};
+
+}  // namespace
+
+at::Tensor paged_prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const at::Tensor& tables, const std::vector<int64_t>& cu_seqlens,
+                             const std::vector<int64_t>& seq_lens, double scale, int64_t window) {
+  const int64_t num_heads = q.size(1), dim = q.size(2), num_kv_heads = k_cache.size(2);
+  const int64_t group = num_heads / num_kv_heads, vectors = dim / 32, dim_groups = dim / 16;
+  const int64_t num_seqs = static_cast<int64_t>(seq_lens.size());
+  auto out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+
+  std::vector<Gathered> gathered(num_seqs);
+  std::vector<Task> tasks;  // each sequence's later tiles first: they read the most keys
+  int64_t total_steps = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t num_new = cu_seqlens[s + 1] - cu_seqlens[s], first_new = seq_lens[s] - num_new;
+    // Steps begin at multiples of kStep whatever the chunk, so that a token's keys are summed in the same order
+    // however its prompt is chunked (the batch-invariant backend relies on it).
+    const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_new - window + 1) / kStep * kStep : 0;
+    const int64_t steps = num_new > 0 ? (seq_lens[s] - first_key + kStep - 1) / kStep : 0;
+    gathered[s] = {first_key, steps, total_steps};
+    total_steps += steps * num_kv_heads;
+    for (int64_t first = num_new - 1 - (num_new - 1) % kTokens; first >= 0 && num_new > 0; first -= kTokens)
+      for (int64_t head = 0; head < num_heads; ++head) tasks.push_back({s, head, first});
+  }
+  if (total_steps == 0) return out;
+
+  const int64_t step_values = kStep * dim;  // bf16 values of a step's keys, and of its values
+  auto keys = at::empty({total_steps * step_values}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  auto values = at::empty_like(keys);
+  bf16* const keys_ptr = keys.data_ptr<bf16>();
+  bf16* const values_ptr = values.data_ptr<bf16>();
+  std::vector<int64_t> offsets(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) offsets[s] = gathered[s].offset;
+  const int32_t* table_ptr = tables.data_ptr<int32_t>();
+  with_bf16_kernel_cache(k_cache.scalar_type(), [&](auto cache_type) {
+    using Cache = decltype(cache_type);
+    const Cache* k_ptr = k_cache.data_ptr<Cache>();
+    const Cache* v_ptr = v_cache.data_ptr<Cache>();
+    at::parallel_for(0, total_steps, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t index = begin; index < end; ++index) {
+        // The last sequence whose steps begin at or before index (a sequence with none shares its offset).
+        const int64_t s = std::upper_bound(offsets.begin(), offsets.end(), index) - offsets.begin() - 1;
+        const Gathered& g = gathered[s];
+        const int64_t head = (index - g.offset) / g.steps, step = (index - g.offset) % g.steps;
+        const int64_t first = g.first_key + step * kStep;
+        gather_step(k_ptr + head * k_cache.stride(2), v_ptr + head * v_cache.stride(2),
+                    table_ptr + s * tables.size(1), k_cache.size(1), k_cache.stride(0), k_cache.stride(1), first,
+                    std::min(first + kStep, seq_lens[s]), dim, keys_ptr + index * step_values,
+                    reinterpret_cast<int32_t*>(values_ptr + index * step_values));
+      }
+    });
+  });
+
+  const bf16* q_ptr = q.data_ptr<bf16>();
+  bf16* out_ptr = out.data_ptr<bf16>();
+  const float scale_f = static_cast<float>(scale);
+  const int64_t key_stride = dim * static_cast<int64_t>(sizeof(bf16));
+  amx::TileConfig config;
+  for (int tile = 0; tile < 8; ++tile) config.shape(tile, 16, 64);
+  alignas(64) static constexpr int16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                          21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                                          11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  TaskQueue queue(static_cast<int64_t>(tasks.size()));
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    amx::ScopedTiles tiles(config);
+    alignas(64) int32_t query_tiles[8 * kTile];  // Qᵀ, one tile per 32 dims: row r holds each token's pair r
+    alignas(64) float scores[2 * kTile];         // Sᵀ: row r is key r's score for each token
+    alignas(64) int32_t probabilities[kTile];    // Pᵀ in key pairs
+    alignas(64) float sums[kTile];
+    alignas(64) float acc[256 * 16];  // Oᵀ: row d is dimension d of each token's output
+    for (int64_t index = queue.take(); index < queue.count(); index = queue.take()) {
+      const Task& task = tasks[index];
+      const int64_t num_new = cu_seqlens[task.seq + 1] - cu_seqlens[task.seq];
+      const int64_t tokens = std::min(kTokens, num_new - task.first_token);
+      const int64_t first_position = seq_lens[task.seq] - num_new + task.first_token;
+      const int64_t first_row = cu_seqlens[task.seq] + task.first_token;
+      const Gathered& g = gathered[task.seq];
+      const int64_t base = g.offset + task.head / group * g.steps;
+
+      for (int64_t c = 0; c < vectors; ++c) {
+        __m512i rows[16];
+        for (int64_t n = 0; n < 16; ++n)
+          rows[n] = n < tokens ? _mm512_loadu_si512(q_ptr + (first_row + n) * q.stride(0) + task.head * q.stride(1) +
+                                                    32 * c)
+                               : _mm512_setzero_si512();
+        transpose16(rows);
+        for (int64_t r = 0; r < 16; ++r) _mm512_store_si512(query_tiles + c * kTile + 16 * r, rows[r]);
+      }
+      // Lanes past the tile's tokens repeat its last one, so that every lane sees a key.
+      const __m512i lane = _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int32_t>(tokens - 1)));
+      const __m512i positions = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first_position)), lane);
+      const __m512i window_start = _mm512_sub_epi32(positions, _mm512_set1_epi32(static_cast<int32_t>(window)));
+      const int64_t lowest = window > 0 ? std::max(g.first_key, first_position - window + 1) : g.first_key;
+      const int64_t first_step = (lowest - g.first_key) / kStep;
+      const int64_t end_step = (first_position + tokens - g.first_key + kStep - 1) / kStep;
+
+      __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), total = _mm512_setzero_ps();
+      std::fill(acc, acc + dim * 16, 0.f);
+      for (int64_t step = first_step; step < end_step; ++step) {
+        const bf16* key_tile = keys_ptr + (base + step) * step_values;
+        amx::zero<0>();
+        amx::zero<1>();
+        for (int64_t c = 0; c < vectors; ++c) {
+          amx::load<5>(query_tiles + c * kTile, 64);
+          amx::load<4>(key_tile + 32 * c, key_stride);
+          amx::multiply<0, 4, 5>();
+          amx::load<6>(key_tile + 16 * dim + 32 * c, key_stride);
+          amx::multiply<1, 6, 5>();
+        }
+        amx::store<0>(scores, 64);
+        amx::store<1>(scores + kTile, 64);
+
+        const int64_t first_key = g.first_key + step * kStep;
+        __mmask16 seen[kStep];
+        __m512 step_peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t r = 0; r < kStep; ++r) {
+          const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(first_key + r));
+          seen[r] = _mm512_cmp_epi32_mask(key, positions, _MM_CMPINT_LE);
+          if (window > 0) seen[r] &= _mm512_cmp_epi32_mask(key, window_start, _MM_CMPINT_NLE);
+          const __m512 score = _mm512_mul_ps(_mm512_load_ps(scores + 16 * r), _mm512_set1_ps(scale_f));
+          _mm512_store_ps(scores + 16 * r, score);
+          step_peak = _mm512_mask_max_ps(step_peak, seen[r], step_peak, score);
+        }
+        const __m512 new_peak = _mm512_max_ps(peak, step_peak);
+        // A token with no key seen yet keeps -inf, and subtracts 0 so that nothing becomes NaN.
+        const __m512 shift = _mm512_mask_mov_ps(
+            new_peak, _mm512_cmp_ps_mask(new_peak, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ),
+            _mm512_setzero_ps());
+        const __m512 rescale = exp_nonpositive(_mm512_sub_ps(peak, shift));
+        __m512 step_total = _mm512_setzero_ps();
+        for (int64_t j = 0; j < 16; ++j) {
+          const __m512 even = _mm512_maskz_mov_ps(
+              seen[2 * j], exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(scores + 32 * j), shift)));
+          const __m512 odd = _mm512_maskz_mov_ps(
+              seen[2 * j + 1], exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(scores + 32 * j + 16), shift)));
+          step_total = _mm512_add_ps(step_total, _mm512_add_ps(even, odd));
+          const __m512i pair = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+          _mm512_store_si512(probabilities + 16 * j, _mm512_permutexvar_epi16(interleave, pair));
+        }
+        total = _mm512_fmadd_ps(total, rescale, step_total);
+        peak = new_peak;
+
+        amx::load<5>(probabilities, 64);
+        const int32_t* value_tiles = reinterpret_cast<const int32_t*>(values_ptr + (base + step) * step_values);
+        for (int64_t dg = 0; dg < dim_groups; ++dg) {
+          amx::zero<7>();
+          amx::load<6>(value_tiles + dg * kTile, 64);
+          amx::multiply<7, 6, 5>();
+          amx::store<7>(sums, 64);
+          float* rows = acc + dg * kTile;
+          for (int64_t d = 0; d < 16; ++d)
+            _mm512_store_ps(rows + 16 * d, _mm512_fmadd_ps(_mm512_load_ps(rows + 16 * d), rescale,
+                                                           _mm512_load_ps(sums + 16 * d)));
+        }
+      }
+
+      const __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.f), total);
+      for (int64_t dg = 0; dg < dim_groups; ++dg) {
+        __m512i rows[16];
+        for (int64_t d = 0; d < 16; ++d)
+          rows[d] = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(acc + dg * kTile + 16 * d), inverse));
+        transpose16(rows);
+        for (int64_t n = 0; n < tokens; ++n)
+          store16(out_ptr + (first_row + n) * out.stride(0) + task.head * out.stride(1) + 16 * dg,
+                  _mm512_castsi512_ps(rows[n]));
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace vigil
+
+#endif
