@@ -258,6 +258,24 @@ def test_bf16_prefill_over_long_contexts_matches_the_reference(
     )
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_prefill_follows_scores_that_rise_along_the_context(compiled, head_dim):
+    """Every key scores above the one before it, by 80 or more over the context, so that each token's running
+    maximum moves again and again: with AMX, its reference and the output summed so far are rescaled (in the tiles'
+    registers at 64 dimensions, in memory at 128)."""
+    generator = torch.Generator().manual_seed(3)
+    k_cache, v_cache, tables = random_paged_cache(generator, [400], 16, 1, head_dim, torch.bfloat16)
+    direction = torch.randint(0, 2, (head_dim,), generator=generator).float() * 2 - 1
+    for position in range(400):
+        k_cache[tables[0, position // 16], position % 16, 0] = (direction * position / 40).bfloat16()
+    q = direction.expand(100, 3, head_dim).bfloat16()
+    cu_seqlens = torch.tensor([0, 100], dtype=torch.int32)
+    assert_both_paths_match_the_oracle(
+        compiled, "paged_prefill_attention", q, k_cache, v_cache, tables, cu_seqlens,
+        torch.tensor([400], dtype=torch.int32), head_dim**-0.5,
+    )
+
+
 @pytest.mark.parametrize("window", [0, 37])
 def test_bf16_prefill_gives_a_token_the_same_bits_however_its_prompt_is_chunked(compiled, window):
     """What the batch-invariant backend relies on: a prompt's last rows, attended as a later chunk over the cached

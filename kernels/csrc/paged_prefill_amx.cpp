@@ -5,12 +5,15 @@
 // pairs of keys [32-key step, 16 dims, 16 key pairs] (tiles of Vᵀ). A task is then 16 new tokens of one query
 // head. For each 32 keys it takes Sᵀ = K·Qᵀ on the tiles, rows keys and lanes tokens, so that the online softmax is
 // vector arithmetic down the rows with no horizontal reductions; the probabilities, rounded to bf16 and
-// interleaved in key pairs, are the B tile of Oᵀ += Vᵀ·Pᵀ, whose sums go into fp32 accumulators rescaled by the
-// change of each token's maximum. A task reads the keys up to its last token, from the window of its first.
+// interleaved in key pairs, are the B tile of Oᵀ += Vᵀ·Pᵀ, summed in fp32 (in the tiles themselves at 64
+// dimensions) and rescaled when a token's reference maximum moves (OnlineSoftmax). A task reads the keys up to its
+// last token, from the window of its first.
 //
-// On two Emerald Rapids cores, SmolLM2's heads (9 over 3 KV heads of 64): 0.23x the time of the AVX512-BF16
-// kernel (paged_prefill_bf16.cpp) for the last 464 tokens of a 2000-token prompt, 0.47x for 128 fresh tokens; and
-// 0.72x and 0.63x torch's flash attention for 128 and 512 fresh tokens.
+// On two Emerald Rapids cores, SmolLM2's heads (9 over 3 KV heads of 64), one layer: 0.16x the time of the
+// AVX512-BF16 kernel (paged_prefill_bf16.cpp) for the last 464 tokens of a 2000-token prompt, 0.21x for 512 fresh
+// tokens and 0.38x for 128; 0.47x and 0.63x torch's flash attention for 512 and 128 fresh tokens. Half its time
+// is the softmax's vector arithmetic; keeping the output's tiles in registers (64 dimensions), moving a reference
+// only past kLazy, and 2^x by vscalefps took it from 0.24x to 0.16x of the AVX512-BF16 kernel's time.
 #include "paged_prefill_amx.h"
 
 #ifdef VIGIL_AMX
@@ -22,7 +25,6 @@
 
 #include "amx_pairs.h"
 #include "paged_attention_bf16.h"
-#include "vector_math.h"
 
 namespace vigil {
 namespace {
@@ -32,6 +34,69 @@ using bf16 = at::BFloat16;
 constexpr int64_t kTokens = 16;  // new tokens a task takes: the lanes of its tiles
 constexpr int64_t kStep = 32;    // keys scored at a time: two tiles of 16 rows
 constexpr int64_t kTile = 256;   // 32-bit elements of a tile: 16 rows x 64 bytes
+constexpr float kLazy = 8.f;     // how far (log2) a token's scores may pass its reference before it moves
+
+// 2^x for x >= -100 (2^-100 below): Taylor's polynomial of degree 4 on [-1/2, 1/2], within 5e-5 relative, finer
+// than the bf16 the probabilities are rounded to.
+inline __m512 pow2(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(9.6181291e-3f);
+  for (const float c : {5.5504109e-2f, 2.4022651e-1f, 6.9314718e-1f, 1.f})
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+// A task's online softmax over its 16 tokens (lanes), in log2 units: each token's reference, the score it last
+// moved to, and its sum of 2^(score - reference). A reference moves only when a score passes it by more than kLazy,
+// so that most steps leave the accumulated outputs alone; whether a token moves depends on its own scores alone,
+// so its sums do not depend on which tokens share its tile.
+struct OnlineSoftmax {
+  __m512 reference = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 total = _mm512_setzero_ps();
+
+  // A step's scores (kStep rows of 16 tokens, unscaled) to probabilities, bf16 key pairs [16 pairs, 16 tokens];
+  // `seen` masks each row's tokens (nullptr: every key is seen by every token). Returns the factor by which each
+  // token's accumulated output must be multiplied, and whether any is not 1.
+  __m512 step(const float* scores, const __mmask16* seen, float scale, __m512i interleave, int32_t* probabilities,
+              bool& moved) {
+    const __m512 scaled = _mm512_set1_ps(scale);
+    __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t r = 0; r < kStep; ++r) {
+      const __m512 score = _mm512_load_ps(scores + 16 * r);
+      peak = seen ? _mm512_mask_max_ps(peak, seen[r], peak, score) : _mm512_max_ps(peak, score);
+    }
+    peak = _mm512_mul_ps(peak, scaled);  // scale > 0
+    const __mmask16 passes = _mm512_cmp_ps_mask(peak, _mm512_add_ps(reference, _mm512_set1_ps(kLazy)), _CMP_GT_OQ);
+    const __m512 moved_to = _mm512_mask_mov_ps(reference, passes, peak);
+    const __mmask16 holding = passes & _mm512_cmp_ps_mask(
+        reference, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_NEQ_OQ);
+    const __m512 factor =
+        _mm512_mask_mov_ps(_mm512_set1_ps(1.f), holding, pow2(_mm512_sub_ps(reference, moved_to)));
+    moved = holding != 0;
+    total = _mm512_mul_ps(total, factor);
+    reference = moved_to;
+    // Tokens that have seen no key keep -inf, whose lanes are masked off below.
+    for (int64_t j = 0; j < 16; ++j) {
+      __m512 pair[2];
+      for (int64_t half = 0; half < 2; ++half) {
+        const int64_t r = 2 * j + half;
+        const __m512 p = pow2(_mm512_fmsub_ps(_mm512_load_ps(scores + 16 * r), scaled, reference));
+        pair[half] = seen ? _mm512_maskz_mov_ps(seen[r], p) : p;
+      }
+      total = _mm512_add_ps(total, _mm512_add_ps(pair[0], pair[1]));
+      const __m512i bf16_pairs = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(pair[1], pair[0]));
+      _mm512_store_si512(probabilities + 16 * j, _mm512_permutexvar_epi16(interleave, bf16_pairs));
+    }
+    return factor;
+  }
+};
+
+// Multiplies the 16 x 16 fp32 rows at `rows` by the factor of each lane.
+inline void rescale_rows(float* rows, __m512 factor) {
+  for (int64_t d = 0; d < 16; ++d) _mm512_store_ps(rows + 16 * d, _mm512_mul_ps(_mm512_load_ps(rows + 16 * d), factor));
+}
 
 // 16 cache values as bf16 bits; fp8 values are exact in bf16.
 inline __m256i bf16_bits(const bf16* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -144,7 +209,9 @@ at::Tensor paged_prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, con
 
   const bf16* q_ptr = q.data_ptr<bf16>();
   bf16* out_ptr = out.data_ptr<bf16>();
-  const float scale_f = static_cast<float>(scale);
+  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);  // scores in log2 units
+  // With 64 dimensions the output's four tiles stay in tile registers from a task's first step to its last.
+  const bool resident = dim_groups == 4;
   const int64_t key_stride = dim * static_cast<int64_t>(sizeof(bf16));
   amx::TileConfig config;
   for (int tile = 0; tile < 8; ++tile) config.shape(tile, 16, 64);
@@ -187,67 +254,86 @@ at::Tensor paged_prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, con
       const int64_t first_step = (lowest - g.first_key) / kStep;
       const int64_t end_step = (first_position + tokens - g.first_key + kStep - 1) / kStep;
 
-      __m512 peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), total = _mm512_setzero_ps();
-      std::fill(acc, acc + dim * 16, 0.f);
+      // Keys a step's every token sees from a step on: those up to its first token, within its last's window.
+      const int64_t last_position = first_position + tokens - 1;
+      OnlineSoftmax softmax;
+      if (resident) {
+        amx::zero<2>();
+        amx::zero<3>();
+        amx::zero<4>();
+        amx::zero<5>();
+      } else {
+        std::fill(acc, acc + dim * 16, 0.f);
+      }
       for (int64_t step = first_step; step < end_step; ++step) {
         const bf16* key_tile = keys_ptr + (base + step) * step_values;
         amx::zero<0>();
         amx::zero<1>();
         for (int64_t c = 0; c < vectors; ++c) {
-          amx::load<5>(query_tiles + c * kTile, 64);
-          amx::load<4>(key_tile + 32 * c, key_stride);
-          amx::multiply<0, 4, 5>();
+          amx::load<7>(query_tiles + c * kTile, 64);
+          amx::load<6>(key_tile + 32 * c, key_stride);
+          amx::multiply<0, 6, 7>();
           amx::load<6>(key_tile + 16 * dim + 32 * c, key_stride);
-          amx::multiply<1, 6, 5>();
+          amx::multiply<1, 6, 7>();
         }
         amx::store<0>(scores, 64);
         amx::store<1>(scores + kTile, 64);
 
         const int64_t first_key = g.first_key + step * kStep;
+        const bool whole = first_key + kStep - 1 <= first_position && (window <= 0 || first_key > last_position - window);
         __mmask16 seen[kStep];
-        __m512 step_peak = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-        for (int64_t r = 0; r < kStep; ++r) {
-          const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(first_key + r));
-          seen[r] = _mm512_cmp_epi32_mask(key, positions, _MM_CMPINT_LE);
-          if (window > 0) seen[r] &= _mm512_cmp_epi32_mask(key, window_start, _MM_CMPINT_NLE);
-          const __m512 score = _mm512_mul_ps(_mm512_load_ps(scores + 16 * r), _mm512_set1_ps(scale_f));
-          _mm512_store_ps(scores + 16 * r, score);
-          step_peak = _mm512_mask_max_ps(step_peak, seen[r], step_peak, score);
-        }
-        const __m512 new_peak = _mm512_max_ps(peak, step_peak);
-        // A token with no key seen yet keeps -inf, and subtracts 0 so that nothing becomes NaN.
-        const __m512 shift = _mm512_mask_mov_ps(
-            new_peak, _mm512_cmp_ps_mask(new_peak, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ),
-            _mm512_setzero_ps());
-        const __m512 rescale = exp_nonpositive(_mm512_sub_ps(peak, shift));
-        __m512 step_total = _mm512_setzero_ps();
-        for (int64_t j = 0; j < 16; ++j) {
-          const __m512 even = _mm512_maskz_mov_ps(
-              seen[2 * j], exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(scores + 32 * j), shift)));
-          const __m512 odd = _mm512_maskz_mov_ps(
-              seen[2 * j + 1], exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(scores + 32 * j + 16), shift)));
-          step_total = _mm512_add_ps(step_total, _mm512_add_ps(even, odd));
-          const __m512i pair = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
-          _mm512_store_si512(probabilities + 16 * j, _mm512_permutexvar_epi16(interleave, pair));
-        }
-        total = _mm512_fmadd_ps(total, rescale, step_total);
-        peak = new_peak;
+        if (!whole)
+          for (int64_t r = 0; r < kStep; ++r) {
+            const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(first_key + r));
+            seen[r] = _mm512_cmp_epi32_mask(key, positions, _MM_CMPINT_LE);
+            if (window > 0) seen[r] &= _mm512_cmp_epi32_mask(key, window_start, _MM_CMPINT_NLE);
+          }
+        bool moved = false;
+        const __m512 factor = softmax.step(scores, whole ? nullptr : seen, scale_log2, interleave, probabilities, moved);
 
-        amx::load<5>(probabilities, 64);
+        amx::load<7>(probabilities, 64);
         const int32_t* value_tiles = reinterpret_cast<const int32_t*>(values_ptr + (base + step) * step_values);
+        if (resident) {
+          if (moved) {
+            amx::store<2>(acc, 64);
+            amx::store<3>(acc + kTile, 64);
+            amx::store<4>(acc + 2 * kTile, 64);
+            amx::store<5>(acc + 3 * kTile, 64);
+            for (int64_t dg = 0; dg < 4; ++dg) rescale_rows(acc + dg * kTile, factor);
+            amx::load<2>(acc, 64);
+            amx::load<3>(acc + kTile, 64);
+            amx::load<4>(acc + 2 * kTile, 64);
+            amx::load<5>(acc + 3 * kTile, 64);
+          }
+          amx::load<6>(value_tiles, 64);
+          amx::multiply<2, 6, 7>();
+          amx::load<6>(value_tiles + kTile, 64);
+          amx::multiply<3, 6, 7>();
+          amx::load<6>(value_tiles + 2 * kTile, 64);
+          amx::multiply<4, 6, 7>();
+          amx::load<6>(value_tiles + 3 * kTile, 64);
+          amx::multiply<5, 6, 7>();
+          continue;
+        }
         for (int64_t dg = 0; dg < dim_groups; ++dg) {
-          amx::zero<7>();
-          amx::load<6>(value_tiles + dg * kTile, 64);
-          amx::multiply<7, 6, 5>();
-          amx::store<7>(sums, 64);
           float* rows = acc + dg * kTile;
+          if (moved) rescale_rows(rows, factor);
+          amx::zero<2>();
+          amx::load<6>(value_tiles + dg * kTile, 64);
+          amx::multiply<2, 6, 7>();
+          amx::store<2>(sums, 64);
           for (int64_t d = 0; d < 16; ++d)
-            _mm512_store_ps(rows + 16 * d, _mm512_fmadd_ps(_mm512_load_ps(rows + 16 * d), rescale,
-                                                           _mm512_load_ps(sums + 16 * d)));
+            _mm512_store_ps(rows + 16 * d, _mm512_add_ps(_mm512_load_ps(rows + 16 * d), _mm512_load_ps(sums + 16 * d)));
         }
       }
+      if (resident) {
+        amx::store<2>(acc, 64);
+        amx::store<3>(acc + kTile, 64);
+        amx::store<4>(acc + 2 * kTile, 64);
+        amx::store<5>(acc + 3 * kTile, 64);
+      }
 
-      const __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.f), total);
+      const __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.f), softmax.total);
       for (int64_t dg = 0; dg < dim_groups; ++dg) {
         __m512i rows[16];
         for (int64_t d = 0; d < 16; ++d)
