@@ -2,8 +2,10 @@
 //
 // First each sequence's keys and values are gathered, per KV head, from their blocks into buffers laid out for the
 // tiles: keys as rows [key, dim], from which a tile of 16 keys x 32 dims loads as it is, and values transposed in
-// pairs of keys [32-key step, 16 dims, 16 key pairs] (tiles of Vᵀ). A task is then 16 new tokens of one query
-// head. For each 32 keys it takes Sᵀ = K·Qᵀ on the tiles, rows keys and lanes tokens, so that the online softmax is
+// pairs of keys [32-key step, 16 dims, 16 key pairs] (tiles of Vᵀ). A task is then 16 rows of one sequence and KV
+// head, a row a new token and one of the query heads that share the KV head (so a decoding sequence, a one-token
+// chunk in batch-invariant mode, fills a tile's `group` lanes and not one). For each 32 keys it takes Sᵀ = K·Qᵀ on
+// the tiles, rows keys and lanes the task's rows, so that the online softmax is
 // vector arithmetic down the rows with no horizontal reductions; the probabilities, rounded to bf16 and
 // interleaved in key pairs, are the B tile of Oᵀ += Vᵀ·Pᵀ, summed in fp32 (in the tiles themselves at 64
 // dimensions) and rescaled when a token's reference maximum moves (OnlineSoftmax). A task reads the keys up to its
@@ -31,7 +33,7 @@ namespace {
 
 using bf16 = at::BFloat16;
 
-constexpr int64_t kTokens = 16;  // new tokens a task takes: the lanes of its tiles
+constexpr int64_t kRows = 16;    // (token, query head) rows a task takes: the lanes of its tiles
 constexpr int64_t kStep = 32;    // keys scored at a time: two tiles of 16 rows
 constexpr int64_t kTile = 256;   // 32-bit elements of a tile: 16 rows x 64 bytes
 constexpr float kLazy = 8.f;     // how far (log2) a token's scores may pass its reference before it moves
@@ -48,17 +50,17 @@ inline __m512 pow2(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// A task's online softmax over its 16 tokens (lanes), in log2 units: each token's reference, the score it last
-// moved to, and its sum of 2^(score - reference). A reference moves only when a score passes it by more than kLazy,
-// so that most steps leave the accumulated outputs alone; whether a token moves depends on its own scores alone,
-// so its sums do not depend on which tokens share its tile.
+// A task's online softmax over its 16 lanes (a token and a query head each), in log2 units: each lane's reference,
+// the score it last moved to, and its sum of 2^(score - reference). A reference moves only when a score passes it by
+// more than kLazy, so that most steps leave the accumulated outputs alone; whether a lane moves depends on its own
+// scores alone, so its sums do not depend on which rows share its tile.
 struct OnlineSoftmax {
   __m512 reference = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 total = _mm512_setzero_ps();
 
-  // A step's scores (kStep rows of 16 tokens, unscaled) to probabilities, bf16 key pairs [16 pairs, 16 tokens];
-  // `seen` masks each row's tokens (nullptr: every key is seen by every token). Returns the factor by which each
-  // token's accumulated output must be multiplied, and whether any is not 1.
+  // A step's scores (kStep rows of 16 lanes, unscaled) to probabilities, bf16 key pairs [16 pairs, 16 lanes];
+  // `seen` masks each row's lanes (nullptr: every key is seen by every lane). Returns the factor by which each
+  // lane's accumulated output must be multiplied, and whether any is not 1.
   __m512 step(const float* scores, const __mmask16* seen, float scale, __m512i interleave, int32_t* probabilities,
               bool& moved) {
     const __m512 scaled = _mm512_set1_ps(scale);
@@ -148,10 +150,12 @@ void gather_step(const Cache* k_head, const Cache* v_head, const int32_t* table,
   }
 }
 
+// Rows first_row.. of a sequence's new tokens times the query heads of KV head kv_head: row r is token r / group
+// and query head kv_head * group + r % group.
 struct Task {
   int64_t seq;
-  int64_t head;
-  int64_t first_token;
+  int64_t kv_head;
+  int64_t first_row;
 };
 
 }  // namespace
@@ -175,8 +179,9 @@ at::Tensor paged_prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, con
     const int64_t steps = num_new > 0 ? (seq_lens[s] - first_key + kStep - 1) / kStep : 0;
     gathered[s] = {first_key, steps, total_steps};
     total_steps += steps * num_kv_heads;
-    for (int64_t first = num_new - 1 - (num_new - 1) % kTokens; first >= 0 && num_new > 0; first -= kTokens)
-      for (int64_t head = 0; head < num_heads; ++head) tasks.push_back({s, head, first});
+    const int64_t rows = num_new * group;
+    for (int64_t first = rows - 1 - (rows - 1) % kRows; first >= 0 && rows > 0; first -= kRows)
+      for (int64_t kv_head = 0; kv_head < num_kv_heads; ++kv_head) tasks.push_back({s, kv_head, first});
   }
   if (total_steps == 0) return out;
 
@@ -222,40 +227,44 @@ at::Tensor paged_prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, con
   TaskQueue queue(static_cast<int64_t>(tasks.size()));
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     amx::ScopedTiles tiles(config);
-    alignas(64) int32_t query_tiles[8 * kTile];  // Qᵀ, one tile per 32 dims: row r holds each token's pair r
-    alignas(64) float scores[2 * kTile];         // Sᵀ: row r is key r's score for each token
+    alignas(64) int32_t query_tiles[8 * kTile];  // Qᵀ, one tile per 32 dims: row r holds each lane's pair r
+    alignas(64) float scores[2 * kTile];         // Sᵀ: row r is key r's score for each lane
     alignas(64) int32_t probabilities[kTile];    // Pᵀ in key pairs
     alignas(64) float sums[kTile];
-    alignas(64) float acc[256 * 16];  // Oᵀ: row d is dimension d of each token's output
+    alignas(64) float acc[256 * 16];  // Oᵀ: row d is dimension d of each lane's output
     for (int64_t index = queue.take(); index < queue.count(); index = queue.take()) {
       const Task& task = tasks[index];
       const int64_t num_new = cu_seqlens[task.seq + 1] - cu_seqlens[task.seq];
-      const int64_t tokens = std::min(kTokens, num_new - task.first_token);
-      const int64_t first_position = seq_lens[task.seq] - num_new + task.first_token;
-      const int64_t first_row = cu_seqlens[task.seq] + task.first_token;
+      const int64_t rows = std::min(kRows, num_new * group - task.first_row);
+      const int64_t first_new = seq_lens[task.seq] - num_new;  // the position of the sequence's first new token
       const Gathered& g = gathered[task.seq];
-      const int64_t base = g.offset + task.head / group * g.steps;
+      const int64_t base = g.offset + task.kv_head * g.steps;
+      // Lanes past the task's rows repeat its last one, so that every lane sees a key.
+      alignas(64) int32_t lane_positions[kRows];
+      const bf16* query_rows[kRows];
+      bf16* out_rows[kRows];
+      for (int64_t n = 0; n < kRows; ++n) {
+        const int64_t row = task.first_row + std::min(n, rows - 1), token = row / group;
+        const int64_t head = task.kv_head * group + row % group;
+        lane_positions[n] = static_cast<int32_t>(first_new + token);
+        query_rows[n] = q_ptr + (cu_seqlens[task.seq] + token) * q.stride(0) + head * q.stride(1);
+        out_rows[n] = out_ptr + (cu_seqlens[task.seq] + token) * out.stride(0) + head * out.stride(1);
+      }
 
       for (int64_t c = 0; c < vectors; ++c) {
-        __m512i rows[16];
+        __m512i tile_rows[16];
         for (int64_t n = 0; n < 16; ++n)
-          rows[n] = n < tokens ? _mm512_loadu_si512(q_ptr + (first_row + n) * q.stride(0) + task.head * q.stride(1) +
-                                                    32 * c)
-                               : _mm512_setzero_si512();
-        transpose16(rows);
-        for (int64_t r = 0; r < 16; ++r) _mm512_store_si512(query_tiles + c * kTile + 16 * r, rows[r]);
+          tile_rows[n] = n < rows ? _mm512_loadu_si512(query_rows[n] + 32 * c) : _mm512_setzero_si512();
+        transpose16(tile_rows);
+        for (int64_t r = 0; r < 16; ++r) _mm512_store_si512(query_tiles + c * kTile + 16 * r, tile_rows[r]);
       }
-      // Lanes past the tile's tokens repeat its last one, so that every lane sees a key.
-      const __m512i lane = _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(static_cast<int32_t>(tokens - 1)));
-      const __m512i positions = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first_position)), lane);
+      const __m512i positions = _mm512_load_si512(lane_positions);
       const __m512i window_start = _mm512_sub_epi32(positions, _mm512_set1_epi32(static_cast<int32_t>(window)));
+      const int64_t first_position = lane_positions[0], last_position = lane_positions[kRows - 1];
       const int64_t lowest = window > 0 ? std::max(g.first_key, first_position - window + 1) : g.first_key;
       const int64_t first_step = (lowest - g.first_key) / kStep;
-      const int64_t end_step = (first_position + tokens - g.first_key + kStep - 1) / kStep;
+      const int64_t end_step = (last_position + 1 - g.first_key + kStep - 1) / kStep;
 
-      // Keys a step's every token sees from a step on: those up to its first token, within its last's window.
-      const int64_t last_position = first_position + tokens - 1;
       OnlineSoftmax softmax;
       if (resident) {
         amx::zero<2>();
@@ -335,13 +344,11 @@ at::Tensor paged_prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, con
 
       const __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.f), softmax.total);
       for (int64_t dg = 0; dg < dim_groups; ++dg) {
-        __m512i rows[16];
+        __m512i outputs[16];
         for (int64_t d = 0; d < 16; ++d)
-          rows[d] = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(acc + dg * kTile + 16 * d), inverse));
-        transpose16(rows);
-        for (int64_t n = 0; n < tokens; ++n)
-          store16(out_ptr + (first_row + n) * out.stride(0) + task.head * out.stride(1) + 16 * dg,
-                  _mm512_castsi512_ps(rows[n]));
+          outputs[d] = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(acc + dg * kTile + 16 * d), inverse));
+        transpose16(outputs);
+        for (int64_t n = 0; n < rows; ++n) store16(out_rows[n] + 16 * dg, _mm512_castsi512_ps(outputs[n]));
       }
     }
   });
