@@ -185,12 +185,18 @@ class TorchAttention(AttentionBackend):
 class CpuAttention(AttentionBackend):
     """The compiled C++ kernels; they read their sizes from the tensors on the host, with no sync to pay.
 
-    Every prompt row takes the paged prefill kernel, on AMX tiles for bf16 queries where they are granted
-    (kernels/csrc/paged_prefill_amx.cpp): there it also beats torch's flash attention over a prompt's own keys
+    Every prompt row takes the paged prefill kernel, on AMX tiles for bf16 queries where they are granted and a
+    sequence brings enough new tokens (kernels/csrc/paged_prefill_amx.cpp): there it also beats torch's flash
+    attention over a prompt's own keys
     (0.63x its time for 128 new tokens of SmolLM2's heads, 0.47x for 512), which this backend used to call for
     prompts with no cached context."""
 
     name = "cpu"
+    # A step's prompt rows take the AMX tiles when a sequence brings this many new tokens. Steps of a few tokens a
+    # sequence (speculation's verification of its guesses) stay on the kernel they took before the tiles: alone,
+    # the tiles took 0.79-0.86x its time at 5 tokens over 256-2000, but a step that touches no tile is not
+    # measured to gain from one.
+    tiles_from_new_tokens = 16
 
     def __init__(self, device: torch.device, compiled: ModuleType) -> None:
         super().__init__(device)
@@ -199,7 +205,7 @@ class CpuAttention(AttentionBackend):
     @property
     def prompt_attention(self) -> str:
         if self.compiled.amx_linear_usable():
-            return "the paged kernel (on AMX tiles for bf16 queries)"
+            return f"the paged kernel (on AMX tiles for bf16 queries, from {self.tiles_from_new_tokens} new tokens)"
         return "the paged kernel"
 
     def store_kv(
@@ -221,17 +227,19 @@ class CpuAttention(AttentionBackend):
     ) -> torch.Tensor:
         return self.compiled.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
-            window or 0,
+            window or 0, meta.prefill_max_query_len >= self.tiles_from_new_tokens,
         )
 
 
 class BatchInvariantCpuAttention(CpuAttention):
     """Every row through the one paged prefill kernel, a decoding sequence as a one-token chunk. That kernel sums a
     query's keys in the same order however its sequence is chunked and whatever other sequences share the call, so a
-    token's attention is the same bits alone, in a batch, prefilled or decoded (tests/test_batch_invariant.py)."""
+    token's attention is the same bits alone, in a batch, prefilled or decoded (tests/test_batch_invariant.py).
+    So every step takes the one kernel, never the AMX one, which serves only steps with long enough prompts."""
 
     name = "cpu-batch-invariant"
     batch_invariant = True
+    tiles_from_new_tokens = 2**62
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
         decoding = batch.num_decode_tokens  # prefill_query_starts begins with 0

@@ -20,7 +20,11 @@ PackedFp16Weight packed_fp16_weight(const pybind11::object& packed) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU)", kWithoutGil);
-  m.def("paged_prefill_attention", &paged_prefill_attention, "Paged causal prefill attention (CPU)", kWithoutGil);
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "Paged causal prefill attention (CPU); tiles: on AMX tiles where the queries are bf16 and the CPU has them",
+        kWithoutGil, pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
+        pybind11::arg("block_tables"), pybind11::arg("cu_seqlens_q"), pybind11::arg("seq_lens"), pybind11::arg("scale"),
+        pybind11::arg("window"), pybind11::arg("tiles") = true);
   m.def("store_kv", &store_kv, "Write new keys and values into their cache slots (CPU)", kWithoutGil);
   m.def("rms_norm", &rms_norm, "RMSNorm over rows", kWithoutGil);
   m.def("add_rms_norm_", &add_rms_norm_, "hidden += delta in place, then RMSNorm of hidden", kWithoutGil);

@@ -7,7 +7,8 @@
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                      at::Tensor block_tables, at::Tensor seq_lens, double scale, int64_t window);
 at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale, int64_t window);
+                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale, int64_t window,
+                                   bool tiles);
 void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slot_mapping);
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
 at::Tensor add_rms_norm_(at::Tensor hidden, at::Tensor delta, at::Tensor weight, double eps);

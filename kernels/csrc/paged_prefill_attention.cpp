@@ -16,6 +16,7 @@
 
 #include "paged_attention_bf16.h"
 #include "paged_attention_entry.h"
+#include "paged_prefill_amx.h"
 #include "simd_load.h"
 #include "vector_math.h"
 
@@ -179,7 +180,8 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 
 // window > 0: each query sees only the `window` keys up to its own position (sliding-window attention).
 at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale, int64_t window) {
+                                   at::Tensor cu_seqlens_q, at::Tensor seq_lens, double scale, int64_t window,
+                                   bool tiles) {
   vigil::check_paged_attention_inputs(q, k_cache, v_cache);
   TORCH_CHECK(k_cache.size(1) % kChunk == 0, "block size must be a multiple of 8");
   auto tables = block_tables.to(at::kInt).contiguous();
@@ -195,6 +197,10 @@ at::Tensor paged_prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor 
     TORCH_CHECK(num_new >= 0 && num_new <= context_lens[i], "each sequence's new tokens are the end of its context");
     TORCH_CHECK(context_lens[i] <= tables.size(1) * k_cache.size(1), "a context is longer than its block table");
   }
+#ifdef VIGIL_AMX
+  if (tiles && vigil::bf16_attention_applies(q, k_cache) && vigil::amx::usable())
+    return vigil::paged_prefill_amx(q, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, window);
+#endif
 #ifdef VIGIL_AVX512_BF16
   if (vigil::bf16_attention_applies(q, k_cache))
     return vigil::paged_prefill_bf16(q, k_cache, v_cache, tables, cu_seqlens, context_lens, scale, window);

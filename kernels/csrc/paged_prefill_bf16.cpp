@@ -2,7 +2,7 @@
 // task is a tile of up to 32 new tokens of one sequence and one KV head, with every query head that shares it; its rows
 // are (token, query head) pairs. Each row is scored against every key up to the tile's last token, the softmax keeps
 // only the keys it may see (its own position and before, within the window), and the values are summed four rows at a
-// time. Where AMX tiles are usable, paged_prefill_amx.cpp takes these instead.
+// time. Where AMX tiles are usable, paged_prefill_amx.cpp takes steps with enough new tokens (kernels/backend.py).
 #include "paged_attention_bf16.h"
 
 #ifdef VIGIL_AVX512_BF16
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "bf16_attention.h"
-#include "paged_prefill_amx.h"
 #include "vector_math.h"
 
 namespace vigil {
@@ -95,9 +94,6 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 at::Tensor paged_prefill_bf16(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& tables, const std::vector<int64_t>& cu_seqlens,
                               const std::vector<int64_t>& seq_lens, double scale, int64_t window) {
-#ifdef VIGIL_AMX
-  if (amx::usable()) return paged_prefill_amx(q, k_cache, v_cache, tables, cu_seqlens, seq_lens, scale, window);
-#endif
   auto out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   with_bf16_kernel_cache(k_cache.scalar_type(), [&](auto cache_type) {
     prefill<decltype(cache_type)>(q, k_cache, v_cache, tables, cu_seqlens, seq_lens, scale, window, out);
