@@ -227,8 +227,11 @@ class CpuAttention(AttentionBackend):
     ) -> torch.Tensor:
         return self.compiled.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
-            window or 0, meta.prefill_max_query_len >= self.tiles_from_new_tokens,
+            window or 0, self._on_tiles(meta),
         )
+
+    def _on_tiles(self, meta: AttentionMetadata) -> bool:
+        return meta.prefill_max_query_len >= self.tiles_from_new_tokens
 
 
 class BatchInvariantCpuAttention(CpuAttention):
@@ -239,7 +242,13 @@ class BatchInvariantCpuAttention(CpuAttention):
 
     name = "cpu-batch-invariant"
     batch_invariant = True
-    tiles_from_new_tokens = 2**62
+
+    @property
+    def prompt_attention(self) -> str:
+        return "the paged kernel (never on AMX tiles: one kernel for every row)"
+
+    def _on_tiles(self, meta: AttentionMetadata) -> bool:
+        return False
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
         decoding = batch.num_decode_tokens  # prefill_query_starts begins with 0
