@@ -78,9 +78,10 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
     error = (actual.float() - expected.float()).abs()
     largest = expected.float().abs().max()
     # A few rows are rounded to 16-bit integers: each feature is off by at most half a step, the largest magnitude of
-    # its span / 65534 (int4: of its row / 65024, so that its high byte fits a signed byte; int8: of up to 4096
-    # features), and an output by the sum of those times |w|. bf16 outputs are rounded besides.
-    half_steps = 65024 if method == "int4" else 65534
+    # its span / 65534 (/ 65024 where its high byte must fit a signed byte: int4, and int8 on AMX tiles; int4's span
+    # is its row, int8's up to 4096 features), and an output by the sum of those times |w|. bf16 outputs are rounded
+    # besides.
+    half_steps = 65024
     largest_of_span = span_largest(x, inputs, inputs if method == "int4" else 4096)
     rounding = (largest_of_span / half_steps) @ dequantize(weight).abs().T
     slack = 1e-2 if dtype == torch.bfloat16 else 1e-5
@@ -116,19 +117,21 @@ def test_int4_groups_of_several_blocks_match_the_torch_oracle(compiled, rows, gr
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize(("inputs", "group_size"), [(4192, 4192), (4160, 2080), (576, 64)])
-def test_int8_spans_and_groups_match_the_torch_oracle(compiled, rows, inputs, group_size):
+@pytest.mark.parametrize("outputs", [20, 32])
+@pytest.mark.parametrize(("inputs", "group_size"), [(4192, 4192), (4160, 2080), (576, 64), (4224, 4224), (4224, 2112)])
+def test_int8_spans_and_groups_match_the_torch_oracle(compiled, rows, outputs, inputs, group_size):
     """The few-rows path sums a span of up to 128 blocks in integers: 131 blocks are a span of 128 and one of 3,
     groups of 65 blocks a span each, groups of 2 blocks 288 spans. One feature 50 times the rest rounds only its
-    own span coarser."""
-    generator = torch.Generator().manual_seed(inputs + group_size + rows)
-    codes = torch.randint(-127, 128, (20, inputs), generator=generator, dtype=torch.int8)
-    scales = torch.rand(20, inputs // group_size, generator=generator) / 100
+    own span coarser. On AMX tiles (three rows and more, whole tiles of 16 outputs and of 64 features, groups of
+    whole tiles): 132 blocks a span of 128 and one of 4, groups of 66 blocks a span each, groups of 2 blocks."""
+    generator = torch.Generator().manual_seed(inputs + group_size + rows + outputs)
+    codes = torch.randint(-127, 128, (outputs, inputs), generator=generator, dtype=torch.int8)
+    scales = torch.rand(outputs, inputs // group_size, generator=generator) / 100
     x = torch.randn(rows, inputs, generator=generator)
     x[:, -5] *= 50
     expected = reference.int8_linear(x, codes, scales)
     error = (compiled.int8_linear(x, codes, scales) - expected).abs()
-    rounding = (span_largest(x, group_size, 4096) / 65534) @ reference.dequantize_int8(codes, scales).abs().T
+    rounding = (span_largest(x, group_size, 4096) / 65024) @ reference.dequantize_int8(codes, scales).abs().T
     assert bool((error <= rounding * 1.001 + 1e-5 * expected.abs().max()).all())
 
 

@@ -78,6 +78,14 @@ inline void multiply() {
   asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(C), "n"(A), "n"(B));
 }
 
+#ifdef __AMX_INT8__
+// tile C += tile A x tile B, in signed bytes multiplied four by four and summed in int32.
+template <int C, int A, int B>
+inline void multiply_bytes() {
+  asm volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(C), "n"(A), "n"(B));
+}
+#endif
+
 }  // namespace vigil::amx
 
 #endif

@@ -7,11 +7,12 @@
 // reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32 bytes. Those rows are first
 // rounded to 16-bit integers, a scale per block of 32 features, so that the dot products run as integer
 // multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one
-// row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its
-// block's largest magnitude (llama.cpp rounds to 8 bits). More rows: with AVX2 alone, 16 outputs at a time
-// dequantised into a k-major panel and a GEMM micro-kernel over it; else a task owns 4 output features, dequantises
-// their weights (integer times group scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs
-// every row of x against them in 4 rows x 4 outputs of accumulators, each weight loaded once per 4 rows. With
+// row with AVX2 (int4_few_rows.h), the others as 16-bit ones, int8's from three rows on AMX tiles where the
+// CPU has them (int8_amx_rows.h); each feature is then off by at most 2^-16 of its block's largest magnitude
+// (llama.cpp rounds to 8 bits). More rows: with AVX2 alone, 16 outputs at a time dequantised into a k-major
+// panel and a GEMM micro-kernel over it; else a task owns 4 output features, dequantises their weights (integer
+// times group scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every row of x against
+// them in 4 rows x 4 outputs of accumulators, each weight loaded once per 4 rows. With
 // AVX512-BF16, 9 or more bf16 rows take the weights dequantised to bf16 instead: on AMX tiles where the CPU has
 // them, else through oneDNN.
 #include <ATen/ATen.h>
@@ -25,6 +26,7 @@
 #include "compile_time_rows.h"
 #include "int4_few_rows.h"
 #include "int4_vnni_rows.h"
+#include "int8_amx_rows.h"
 #include "int8_vnni_rows.h"
 #include "rounded_block.h"
 #include "simd_load.h"
@@ -396,6 +398,11 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
           if constexpr (std::is_same_v<Rows, Int4Rows>)
             vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4, true>(xp, ldx, R, K, rows_of_w.group_size),
                                            K, N, rows_of_w, yp);
+#if defined(VIGIL_AMX) && defined(__AMX_INT8__)
+          else if (vigil::int8_tiles_fit(R, N, K, rows_of_w.group_size))
+            vigil::int8_rows_by_tiles(vigil::round_rows_into_tiles(xp, ldx, R, K, rows_of_w.group_size), R, K, N,
+                                      rows_of_w, yp);
+#endif
           else
             vigil::int8_rows_by_vnni<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N,
                                         rows_of_w, yp);
