@@ -11,6 +11,7 @@ from kernels import cpu
 from kernels.backend import (
     AttentionBackend,
     AttentionBatch,
+    BatchInvariantCpuAttention,
     CpuAttention,
     TorchAttention,
     TritonAttention,
@@ -119,6 +120,50 @@ def test_the_plan_names_amx_tiles_for_prompts_only_where_the_process_may_use_the
     compiled = cpu.load()
     backend = CpuAttention(DEVICE, compiled)
     assert ("AMX" in backend.prompt_attention) == compiled.amx_linear_usable()
+
+
+def attend(backend: AttentionBackend, batch: AttentionBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           caches: list[torch.Tensor]) -> torch.Tensor:
+    """One layer's forward over copies of the caches."""
+    copies = [cache.clone() for cache in caches]
+    return backend.forward(q, k, v, (copies[0], copies[1]), backend.prepare(batch), HEAD_DIM**-0.5)
+
+
+class TilesRecorder:
+    """The compiled module, recording the tiles argument of each prompt-attention call."""
+
+    def __init__(self, compiled) -> None:
+        self.compiled, self.tiles = compiled, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.compiled, name)
+
+    def paged_prefill_attention(self, *args):
+        self.tiles.append(args[-1])
+        return self.compiled.paged_prefill_attention(*args)
+
+
+@pytest.mark.parametrize(("backend_cls", "expected"), [
+    (CpuAttention, [False, False, True, True]), (BatchInvariantCpuAttention, [False] * 4),
+])
+def test_prompt_steps_take_the_tiles_from_sixteen_new_tokens_and_never_batch_invariant(backend_cls, expected):
+    """A step takes the AMX tiles when one of its sequences brings 16 new tokens or more (speculation's
+    verification steps, 5 a sequence, do not); the batch-invariant backend never does. Each step still attends as
+    the oracle."""
+    steps = [[(30, 5)], [(30, 5), (0, 15)], [(30, 5), (0, 16)], [(0, 40)]]
+    recorder = TilesRecorder(cpu.load())
+    backend = backend_cls(DEVICE, recorder)
+    for number, prefills in enumerate(steps):
+        generator = torch.Generator().manual_seed(number)
+        batch = mixed_batch([9], prefills, generator)
+        num_tokens = len(batch.slot_mapping)
+        q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).bfloat16()
+        k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator).bfloat16() for _ in range(2))
+        shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+        caches = [torch.randn(shape, generator=generator).bfloat16() for _ in range(2)]
+        expected_out = attend(TorchAttention(DEVICE), batch, q, k, v, caches).float()
+        assert float((attend(backend, batch, q, k, v, caches).float() - expected_out).abs().max()) < 2e-2
+    assert recorder.tiles == expected
 
 
 def test_metadata_carries_the_host_sizes_the_kernels_would_otherwise_sync_for():
