@@ -7,7 +7,7 @@
 //
 // On two Emerald Rapids cores, SmolLM2's 120 layers and its output layer, weights on 2 MB pages and streamed from
 // memory, took 0.97-0.99x the vector kernel's time at three rows, 0.90-0.94x at five and 0.79x at eight (output
-// layer 0.73-0.95x); with the weights in cache 0.26-0.40x at eight rows. One and two rows keep the vector kernel:
+// layer 0.71-0.95x); with the weights in cache 0.26-0.40x at eight rows. One and two rows keep the vector kernel:
 // the tiles took 0.94-1.06x its time there.
 #pragma once
 
