@@ -52,6 +52,13 @@ def mixed_batch(decode_lens: list[int], prefills: list[tuple[int, int]], generat
     )
 
 
+def attend(backend: AttentionBackend, batch: AttentionBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           caches: list[torch.Tensor]) -> torch.Tensor:
+    """One layer's forward over copies of the caches."""
+    copies = [cache.clone() for cache in caches]
+    return backend.forward(q, k, v, (copies[0], copies[1]), backend.prepare(batch), HEAD_DIM**-0.5)
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     decode_lens=st.lists(st.integers(1, 90), max_size=3),
@@ -105,14 +112,9 @@ def test_prompts_with_and_without_cached_context_attend_as_the_oracle_in_every_d
     q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=generator).to(compute_dtype)
     k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator).to(compute_dtype) for _ in range(2))
     shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    start_caches = [torch.randn(shape, generator=generator).to(cache_dtype) for _ in range(2)]
-
-    def run(backend: AttentionBackend) -> torch.Tensor:
-        caches = [cache.clone() for cache in start_caches]
-        return backend.forward(q, k, v, (caches[0], caches[1]), backend.prepare(batch), HEAD_DIM**-0.5)
-
-    expected = run(TorchAttention(DEVICE)).float()
-    out = run(backends()[0]).float()
+    caches = [torch.randn(shape, generator=generator).to(cache_dtype) for _ in range(2)]
+    expected = attend(TorchAttention(DEVICE), batch, q, k, v, caches).float()
+    out = attend(backends()[0], batch, q, k, v, caches).float()
     assert float((out - expected).abs().max()) < (1e-4 if compute_dtype == torch.float32 else 2e-2)
 
 
@@ -120,13 +122,6 @@ def test_the_plan_names_amx_tiles_for_prompts_only_where_the_process_may_use_the
     compiled = cpu.load()
     backend = CpuAttention(DEVICE, compiled)
     assert ("AMX" in backend.prompt_attention) == compiled.amx_linear_usable()
-
-
-def attend(backend: AttentionBackend, batch: AttentionBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           caches: list[torch.Tensor]) -> torch.Tensor:
-    """One layer's forward over copies of the caches."""
-    copies = [cache.clone() for cache in caches]
-    return backend.forward(q, k, v, (copies[0], copies[1]), backend.prepare(batch), HEAD_DIM**-0.5)
 
 
 class TilesRecorder:

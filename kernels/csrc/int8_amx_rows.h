@@ -47,26 +47,19 @@ struct TileRows {
 template <typename X>
 TileRows round_rows_into_tiles(const X* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size) {
   const int64_t blocks = K / 32;
-  int64_t spans = 0;
-  for_each_span(blocks, group_size / 32, [&](int64_t, int64_t, int64_t, int64_t) { ++spans; });
-  TileRows out{std::vector<int8_t>(K / kTileFeatures * kTileBytes, 0), std::vector<float>(spans * R)};
+  TileRows out{std::vector<int8_t>(K / kTileFeatures * kTileBytes, 0),
+                std::vector<float>(span_count(blocks, group_size / 32) * R)};
   for (int64_t r = 0; r < R; ++r)
     for_each_span(blocks, group_size / 32, [&](int64_t span, int64_t first, int64_t end, int64_t) {
       const X* x = xp + r * ldx;
       const float amax = largest_magnitude(x + first * 32, (end - first) * 32);
       for (int64_t b = first; b < end; ++b) {
         const RoundedBlock block = round_block(x + b * 32, kLargestCode, amax);
+        __m256i high_bytes, low_bytes;
+        split_block_bytes(block, high_bytes, low_bytes);
         alignas(32) int32_t quads[2][8];  // the block's high bytes, then its low ones, four features an int32
-        __m256i high[2], low[2];
-        for (int half = 0; half < 2; ++half) {
-          const __m256i words = block_words(block, half);
-          high[half] = _mm256_srai_epi16(_mm256_add_epi16(words, _mm256_set1_epi16(128)), 8);
-          low[half] = _mm256_sub_epi16(words, _mm256_slli_epi16(high[half], 8));
-        }
-        _mm256_store_si256(reinterpret_cast<__m256i*>(quads[0]),
-                           _mm256_permute4x64_epi64(_mm256_packs_epi16(high[0], high[1]), 0xD8));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(quads[1]),
-                           _mm256_permute4x64_epi64(_mm256_packs_epi16(low[0], low[1]), 0xD8));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(quads[0]), high_bytes);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(quads[1]), low_bytes);
         // Feature f of a tile lies in tile row f / 4, at byte 4 * column + f % 4.
         int8_t* tile = out.tiles.data() + (b / 2) * kTileBytes + (b % 2) * 8 * 64;
         for (int64_t quad = 0; quad < 8; ++quad)

@@ -45,13 +45,17 @@ void for_each_span(int64_t blocks, int64_t blocks_per_group, const F& f) {
     }
 }
 
+inline int64_t span_count(int64_t blocks, int64_t blocks_per_group) {
+  int64_t spans = 0;
+  for_each_span(blocks, blocks_per_group, [&](int64_t, int64_t, int64_t, int64_t) { ++spans; });
+  return spans;
+}
+
 // A span's scale is its largest magnitude over 32767; a NaN in it makes the scale NaN.
 template <typename X>
 SpanRows round_rows_in_spans(const X* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size) {
   const int64_t blocks = K / 32;
-  int64_t spans = 0;
-  for_each_span(blocks, group_size / 32, [&](int64_t, int64_t, int64_t, int64_t) { ++spans; });
-  SpanRows out{std::vector<int16_t>(R * K), std::vector<float>(spans * R)};
+  SpanRows out{std::vector<int16_t>(R * K), std::vector<float>(span_count(blocks, group_size / 32) * R)};
   for (int64_t r = 0; r < R; ++r)
     for_each_span(blocks, group_size / 32, [&](int64_t span, int64_t first, int64_t end, int64_t) {
       const X* x = xp + r * ldx;

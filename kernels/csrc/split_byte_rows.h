@@ -36,6 +36,20 @@ struct SplitByteRows {
   std::vector<int32_t> block_groups;  // [steps * Blocks]
 };
 
+// A block rounded against kLargestCode as its 32 high signed bytes and its 32 low ones (x = 256 * high + low),
+// features in order.
+inline void split_block_bytes(const RoundedBlock& block, __m256i& high_bytes, __m256i& low_bytes) {
+  __m256i high[2], low[2];
+  for (int half = 0; half < 2; ++half) {
+    const __m256i words = block_words(block, half);
+    high[half] = _mm256_srai_epi16(_mm256_add_epi16(words, _mm256_set1_epi16(128)), 8);
+    low[half] = _mm256_sub_epi16(words, _mm256_slli_epi16(high[half], 8));
+  }
+  // packs interleaves the two registers' 128-bit halves; the permute puts the bytes back in order.
+  high_bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(high[0], high[1]), 0xD8);
+  low_bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(low[0], low[1]), 0xD8);
+}
+
 // f(std::true_type{}) where each group is one block, so that a step's fp16 weight scales lie side by side and load
 // as one; else f(std::false_type{}).
 template <typename F>
@@ -69,15 +83,8 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const X* xp, int64_t ldx, int64_
     for (int64_t b = 0; b < blocks; ++b) {
       const X* x = xp + r * ldx + b * kBlock;
       const RoundedBlock block = RowScale ? round_block(x, kLargestCode, row_largest) : round_block(x, kLargestCode);
-      const __m256i words[2] = {block_words(block, 0), block_words(block, 1)};
-      __m256i high[2], low[2];
-      for (int i = 0; i < 2; ++i) {
-        high[i] = _mm256_srai_epi16(_mm256_add_epi16(words[i], _mm256_set1_epi16(128)), 8);
-        low[i] = _mm256_sub_epi16(words[i], _mm256_slli_epi16(high[i], 8));
-      }
-      // Bytes of features 0-15, then of 16-31.
-      const __m256i high_bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(high[0], high[1]), 0xD8);
-      const __m256i low_bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(low[0], low[1]), 0xD8);
+      __m256i high_bytes, low_bytes;
+      split_block_bytes(block, high_bytes, low_bytes);
       const int64_t step = b / Blocks, slot = b % Blocks;
       int8_t* row = out.codes.data() + (step * R + r) * Rows::kRowBytes + 16 * slot;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(row), _mm256_castsi256_si128(high_bytes));
