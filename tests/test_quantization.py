@@ -61,7 +61,8 @@ def test_int4_refuses_weights_its_fp16_minimums_cannot_hold(bad):
 @settings(max_examples=40, deadline=None)
 @given(
     method=st.sampled_from(["int8", "int4"]),
-    # few rows (up to 8 on AVX2), tiles, AVX2's panels and (AVX512-BF16, bf16 x) the dequantised GEMM from 12
+    # few rows (up to 8 on AVX2), AMX tiles (64 and 80 outputs: int4 from 5 rows to 16, int8 from 3 to 64 with 576
+    # and 1088 inputs), AVX2's panels and (AVX512-BF16, bf16 x) the dequantised GEMM from 9
     rows=st.integers(1, 20),
     outputs=st.sampled_from([4, 12, 64, 80]),
     inputs=st.sampled_from([32, 96, 576, 1088]),
@@ -89,11 +90,12 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-@pytest.mark.parametrize(("rows", "outputs", "inputs"), [(9, 80, 576), (33, 960, 576), (64, 48, 1536), (130, 576, 96)])
+@pytest.mark.parametrize(("rows", "outputs", "inputs"), [(9, 40, 576), (33, 960, 576), (65, 48, 1536), (130, 576, 96)])
 def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, inputs):
-    """Nine rows and more of bf16 x take the weights dequantised to bf16: with AMX a column pair of 32 outputs at a
-    time, transposed into the tiles' layout, over every block of 32 rows (the last part-filled; 48 and 80 outputs
-    end in half a pair)."""
+    """Nine rows and more of bf16 x take the weights dequantised to bf16 where the AMX integer tiles do not take
+    them (int4 past 16 rows, int8 past 64, outputs not in sixteens): with AMX a column pair of 32 outputs at a time,
+    transposed into the tiles' layout, over every block of 32 rows (the last part-filled; 40 and 48 outputs end in
+    part of a pair). 33 rows of int8 on AMX take the integer tiles, three passes of up to 16 rows."""
     generator = torch.Generator().manual_seed(rows + outputs)
     weight = quantize(torch.randn(outputs, inputs, generator=generator), method)
     x = torch.randn(rows, inputs, generator=generator).bfloat16()
@@ -103,27 +105,32 @@ def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, 
     assert bool(((actual.float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize("group_size", [64, 96])
-def test_int4_groups_of_several_blocks_match_the_torch_oracle(compiled, rows, group_size):
-    """Groups wider than a block: with three blocks a group, the few-rows path's pairs of blocks straddle groups."""
-    generator = torch.Generator().manual_seed(group_size + rows)
-    weight = quantize_int4(torch.randn(20, 576, generator=generator), group_size)
-    x = torch.randn(rows, 576, generator=generator)
+@pytest.mark.parametrize("rows", [1, 3, 5, 8, 12, 16])
+@pytest.mark.parametrize("outputs", [20, 32])
+@pytest.mark.parametrize(("inputs", "group_size"), [(576, 32), (576, 64), (576, 96), (4224, 32)])
+def test_int4_groups_and_rows_match_the_torch_oracle(compiled, rows, outputs, inputs, group_size):
+    """Groups wider than a block: with three blocks a group, the few-rows path's pairs of blocks straddle groups. On
+    AMX tiles (five to 16 rows, outputs in sixteens) a block is a tile multiply, 132 blocks a span of 128 and one of
+    4, and rows past eight a second pass with their own B tile."""
+    generator = torch.Generator().manual_seed(inputs + group_size + rows + outputs)
+    weight = quantize_int4(torch.randn(outputs, inputs, generator=generator), group_size)
+    x = torch.randn(rows, inputs, generator=generator)
+    x[:, -5] *= 50
     expected = reference.int4_linear(x, *weight.tensors)
     error = (compiled.int4_linear(x, *weight.tensors) - expected).abs()
-    rounding = (span_largest(x, 576, 576) / 65024) @ dequantize(weight).abs().T
+    rounding = (span_largest(x, inputs, inputs) / 65024) @ dequantize(weight).abs().T
     assert bool((error <= rounding * 1.001 + 1e-5 * expected.abs().max()).all())
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("rows", [1, 3, 8, 12, 40])
 @pytest.mark.parametrize("outputs", [20, 32])
 @pytest.mark.parametrize(("inputs", "group_size"), [(4192, 4192), (4160, 2080), (576, 64), (4224, 4224), (4224, 2112)])
 def test_int8_spans_and_groups_match_the_torch_oracle(compiled, rows, outputs, inputs, group_size):
     """The few-rows path sums a span of up to 128 blocks in integers: 131 blocks are a span of 128 and one of 3,
     groups of 65 blocks a span each, groups of 2 blocks 288 spans. One feature 50 times the rest rounds only its
-    own span coarser. On AMX tiles (three rows and more, whole tiles of 16 outputs and of 64 features, groups of
-    whole tiles): 132 blocks a span of 128 and one of 4, groups of 66 blocks a span each, groups of 2 blocks."""
+    own span coarser. On AMX tiles (three to 64 rows, whole tiles of 16 outputs and of 64 features, groups of whole
+    tiles): 132 blocks a span of 128 and one of 4, groups of 66 blocks a span each, groups of 2 blocks; 12 rows two B
+    tiles against one A tile, 40 rows three passes, the last with one B tile."""
     generator = torch.Generator().manual_seed(inputs + group_size + rows + outputs)
     codes = torch.randint(-127, 128, (outputs, inputs), generator=generator, dtype=torch.int8)
     scales = torch.rand(outputs, inputs // group_size, generator=generator) / 100
@@ -137,10 +144,11 @@ def test_int8_spans_and_groups_match_the_torch_oracle(compiled, rows, outputs, i
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-@pytest.mark.parametrize("rows", [2, 3])
+@pytest.mark.parametrize("rows", [2, 3, 5, 12])
 def test_a_non_finite_input_makes_every_output_non_finite(compiled, method, bad, rows):
     """As in the oracle: the few-rows path's rounding to integers must not turn a NaN or an infinity into a number,
-    nor spill into the other rows (three rows of int8 share AMX tiles where the CPU has them)."""
+    nor spill into the other rows (where the CPU has AMX, three rows of int8 and five of int4 share tiles, and rows
+    past eight a second B tile)."""
     weight = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(2)), method)
     x = torch.randn(rows, 576)
     x[1, 100] = bad

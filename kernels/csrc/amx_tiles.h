@@ -84,6 +84,12 @@ template <int C, int A, int B>
 inline void multiply_bytes() {
   asm volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(C), "n"(A), "n"(B));
 }
+
+// The same with tile A's bytes unsigned.
+template <int C, int A, int B>
+inline void multiply_unsigned_bytes() {
+  asm volatile("tdpbusd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(C), "n"(A), "n"(B));
+}
 #endif
 
 }  // namespace vigil::amx

@@ -7,14 +7,14 @@
 // reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32 bytes. Those rows are first
 // rounded to 16-bit integers, a scale per block of 32 features, so that the dot products run as integer
 // multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one
-// row with AVX2 (int4_few_rows.h), the others as 16-bit ones, int8's from three rows on AMX tiles where the
-// CPU has them (int8_amx_rows.h); each feature is then off by at most 2^-16 of its block's largest magnitude
-// (llama.cpp rounds to 8 bits). More rows: with AVX2 alone, 16 outputs at a time dequantised into a k-major
-// panel and a GEMM micro-kernel over it; else a task owns 4 output features, dequantises their weights (integer
-// times group scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every row of x against
-// them in 4 rows x 4 outputs of accumulators, each weight loaded once per 4 rows. With
-// AVX512-BF16, 9 or more bf16 rows take the weights dequantised to bf16 instead: on AMX tiles where the CPU has
-// them, else through oneDNN.
+// row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its
+// block's largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
+// tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h). More rows:
+// with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else a
+// task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that stays
+// in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators, each
+// weight loaded once per 4 rows. With AVX512-BF16, 9 or more bf16 rows the integer tiles do not take run over the
+// weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them, else through oneDNN.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -24,6 +24,7 @@
 
 #include "amx_pairs.h"
 #include "compile_time_rows.h"
+#include "int4_amx_rows.h"
 #include "int4_few_rows.h"
 #include "int4_vnni_rows.h"
 #include "int8_amx_rows.h"
@@ -381,12 +382,37 @@ void panels_into(const float* xp, int64_t ldx, int64_t M, int64_t K, int64_t N, 
 }
 #endif
 
+// Whether M rows take the AMX tiles (int8_amx_rows.h, int4_amx_rows.h), which the CPU may lack.
+template <typename Rows>
+bool rows_take_tiles(int64_t M, int64_t N, int64_t K, const Rows& rows_of_w) {
+#if defined(VIGIL_AMX) && defined(__AMX_INT8__)
+  if constexpr (std::is_same_v<Rows, Int4Rows>)
+    return vigil::int4_tiles_fit(M, N);
+  else
+    return vigil::int8_tiles_fit(M, N, K, rows_of_w.group_size);
+#else
+  return false;
+#endif
+}
+
 template <typename T, typename Rows>
 void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
   const T* xp = x.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const int64_t ldx = x.stride(0);
+#if defined(VIGIL_AMX) && defined(__AMX_INT8__)
+  if (rows_take_tiles(M, N, K, rows_of_w)) {
+    if constexpr (std::is_same_v<Rows, Int4Rows>)
+      vigil::int4_rows_by_tiles(vigil::round_rows_into_tiles(xp, ldx, M, K, K, rows_of_w.group_size), M, K, N,
+                                rows_of_w, yp);
+    else
+      vigil::int8_rows_by_tiles(
+          vigil::round_rows_into_tiles(xp, ldx, M, K, rows_of_w.group_size, rows_of_w.group_size), M, K, N,
+          rows_of_w, yp);
+    return;
+  }
+#endif
 #ifdef VIGIL_AVX2
   if (M <= kFewRows) {
     // x is rounded straight from its dtype: a conversion to fp32 first cost 0.65 us a call, 121 calls a step.
@@ -398,11 +424,6 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
           if constexpr (std::is_same_v<Rows, Int4Rows>)
             vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4, true>(xp, ldx, R, K, rows_of_w.group_size),
                                            K, N, rows_of_w, yp);
-#if defined(VIGIL_AMX) && defined(__AMX_INT8__)
-          else if (vigil::int8_tiles_fit(R, N, K, rows_of_w.group_size))
-            vigil::int8_rows_by_tiles(vigil::round_rows_into_tiles(xp, ldx, R, K, rows_of_w.group_size), R, K, N,
-                                      rows_of_w, yp);
-#endif
           else
             vigil::int8_rows_by_vnni<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N,
                                         rows_of_w, yp);
@@ -511,7 +532,8 @@ at::Tensor dequantised_bf16_linear(const at::Tensor& x, const Rows& rows_of_w, i
 template <typename Rows>
 at::Tensor quantised_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t N) {
 #ifdef VIGIL_AVX512_BF16
-  if (x.scalar_type() == at::kBFloat16 && x.size(0) >= kDequantisedRows)
+  if (x.scalar_type() == at::kBFloat16 && x.size(0) >= kDequantisedRows &&
+      !rows_take_tiles(x.size(0), N, x.size(1), rows_of_w))
     return dequantised_bf16_linear(x, rows_of_w, N);
 #endif
   auto y = at::empty({x.size(0), N}, x.options());
