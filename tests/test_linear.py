@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import cpu
+from kernels import cpu, reference
 from server.models.linear import (
     CHUNKED_OUTPUT_FEATURES,
     WHOLE_UP_TO_ROWS,
@@ -19,6 +19,7 @@ from server.models.linear import (
     ChunkedLinear,
     DenseLinear,
     Fp16WeightLinear,
+    QuantizedLinear,
     SiluMulOfGateUp,
     make_linear,
     silu_mul_fuses_into,
@@ -226,7 +227,10 @@ def test_bf16_layers_on_amx_take_weights_packed_once_and_equal_an_fp32_product(r
     out = layer(x)
     assert_bf16_product(out, x, weight)
     torch.testing.assert_close(layer(x.unsqueeze(0))[0], out, rtol=0, atol=0)
-    assert isinstance(make_linear(weight, torch.bfloat16, "int8"), ChunkedLinear), "quantised layers keep their slices"
+    quantized = make_linear(weight, torch.bfloat16, "int8")
+    assert isinstance(quantized, QuantizedLinear), "a quantised output layer stays whole on AMX too"
+    expected = reference.int8_linear(x.float(), *quantized.weight.tensors)
+    assert bool(((quantized(x).float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
