@@ -4,7 +4,9 @@ page, read its DOM, list the requests it made, and take a screenshot."""
 import base64
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -14,6 +16,7 @@ import httpx
 from websockets.sync.client import connect
 
 START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
 
 
 def chromium_binary() -> str:
@@ -32,7 +35,7 @@ class HeadlessChromium:
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--window-size={width},{height}", "--remote-debugging-port=0", f"--user-data-dir={self.profile.name}",
              "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         port = self._debugging_port()
         page = next(t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
@@ -77,7 +80,23 @@ class HeadlessChromium:
         path.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:
+        """Ends chromium's whole process group: its helpers (renderers, the crash handler) outlive the browser
+        process by a moment and write into the profile until they exit, which made removing it fail with
+        "Directory not empty"."""
         self.socket.close()
-        self.process.terminate()
-        self.process.wait(timeout=10)
+        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=STOP_TIMEOUT_S)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while _group_alive(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _group_alive(self.process.pid):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.profile.cleanup()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
