@@ -109,8 +109,9 @@ def test_the_few_rows_kernel_refuses_what_it_cannot_take():
     seed=st.integers(0, 2**31 - 1),
 )
 def test_the_amx_kernel_equals_an_fp32_product(rows, out_features, blocks, spare_columns, seed):
-    """Any rows (a last block of fewer than 32 goes through a zero-padded copy), any outputs (the packed weights
-    are zero past them, up to the next 32), and rows of x further apart than its width."""
+    """Any rows (up to 16 in one tile, up to 32 in tiles shaped to them, above that a last block of fewer than 32
+    through a zero-padded copy), any outputs (the packed weights are zero past them, up to the next 32), and rows
+    of x further apart than its width."""
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(out_features, 32 * blocks, generator=generator).bfloat16()
     x = torch.randn(rows, 32 * blocks + spare_columns, generator=generator).bfloat16()[:, : 32 * blocks]
@@ -137,6 +138,22 @@ def test_the_few_rows_kernel_over_the_tile_layout_equals_an_fp32_product(rows, o
     assert_bf16_product(COMPILED.amx_few_rows_linear(x, packed, out_features), x, weight)
     with pytest.raises(RuntimeError, match="1 to 8 rows"):
         COMPILED.amx_few_rows_linear(torch.randn(MAX_FEW_ROWS + 1, 32 * blocks).bfloat16(), packed, out_features)
+
+
+@needs_amx
+def test_a_row_through_the_amx_kernels_does_not_depend_on_the_rows_beside_it():
+    """A decode batch's rows in one tile, tiles shaped to 17-31 rows, and 32-row blocks with a padded last one:
+    each row's sums are the same bits whichever way its batch was taken."""
+    generator = torch.Generator().manual_seed(3)
+    weight = (torch.randn(2 * 160, 96, generator=generator) * 0.2).bfloat16()
+    packed = COMPILED.amx_pack_weight(weight)
+    x = torch.randn(70, 96, generator=generator).bfloat16()
+    whole = COMPILED.amx_linear(x, packed, 2 * 160)
+    activated = COMPILED.amx_silu_mul_linear(x, packed, 160)
+    for rows in (1, 5, 16, 17, 31, 32, 45):
+        assert torch.equal(COMPILED.amx_linear(x[:rows], packed, 2 * 160), whole[:rows]), rows
+        assert torch.equal(COMPILED.amx_linear(x[-rows:], packed, 2 * 160), whole[-rows:]), rows
+        assert torch.equal(COMPILED.amx_silu_mul_linear(x[-rows:], packed, 160), activated[-rows:]), rows
 
 
 @needs_amx

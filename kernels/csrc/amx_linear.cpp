@@ -8,11 +8,16 @@
 // A decode batch (tens of rows) reads each weight once per step, so most of the layer's time is reading the
 // weights: the kernel streams each column pair once, multiplying it into every 32-row block of x while its tiles
 // are in L1. oneDNN's bf16 GEMM over its own packed weights took about 1.3x as long on SmolLM2's layers at 64 rows.
+// Up to 16 rows, x's rows fill one tile in place and each thread streams a fixed half of the pairs, two at a time
+// (gate's and up's together in the gate/up kernel), prefetching as the few-rows kernel does: SmolLM2's layers took
+// 0.71x the time of 32-row blocks at 1-16 rows, the output layer 0.89-0.92x (two Emerald Rapids cores, from L3).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <vector>
 
 #include "amx_pairs.h"
 #include "amx_tiles.h"
@@ -36,6 +41,8 @@ using vigil::amx_layout::kTileBytes;
 // time of two at 64 rows).
 constexpr int64_t kMinUnitsPerTask = 2;
 constexpr int64_t kTasksOfWideLayer = 64;
+// Rows of x up to which one tile holds them: a decode batch, whose tiles take its rows in place.
+constexpr int64_t kTileRows = 16;
 
 // A 16 x 16 fp32 tile from a stack buffer into up to 16 rows and the first `columns` of 16 outputs, as bf16.
 void store_tile(const float* tile, at::BFloat16* y, int64_t ldy, int64_t rows, int64_t columns) {
@@ -61,17 +68,32 @@ struct TileStreams {
   const char* ahead[2];
 };
 
+// Tiles 0-3 hold a product's sums, four 16 x 16 fp32 tiles.
+void zero_sums() {
+  vigil::amx::zero<0>();
+  vigil::amx::zero<1>();
+  vigil::amx::zero<2>();
+  vigil::amx::zero<3>();
+}
+
+// Tiles 0 and 1 into sums[0] and sums[1], and, where `all` is true, tiles 2 and 3 into sums[2] and sums[3].
+void store_sums(bool all, float (*sums)[256]) {
+  vigil::amx::store<0>(sums[0], 64);
+  vigil::amx::store<1>(sums[1], 64);
+  if (!all) return;
+  vigil::amx::store<2>(sums[2], 64);
+  vigil::amx::store<3>(sums[3], 64);
+}
+
 // Sums of rows [0, 32) of `a` (rows lda apart) times the two streams' outputs, over `blocks` blocks of 32 inputs:
-// sums[0] and sums[1] for rows 0-15, sums[2] and sums[3] for rows 16-31. Where `next` is given, `next_step`
-// bytes of it are fetched into L2 per block of inputs: part of the stream a later call will read.
+// sums[0] and sums[1] for rows 0-15, sums[2] and sums[3] for rows 16-31, which are left out where `lower` is
+// false (x has no rows there). Where `next` is given, `next_step` bytes of it are fetched into L2 per block of
+// inputs: part of the stream a later call will read.
 template <int64_t AheadBytes>
 void multiply_block(const at::BFloat16* a, int64_t lda, int64_t blocks, const TileStreams& b, bool prefetch,
-                    const char* next, int64_t next_step, float (*sums)[256]) {
+                    const char* next, int64_t next_step, bool lower, float (*sums)[256]) {
   namespace amx = vigil::amx;
-  amx::zero<0>();
-  amx::zero<1>();
-  amx::zero<2>();
-  amx::zero<3>();
+  zero_sums();
   const int64_t a_stride = lda * static_cast<int64_t>(sizeof(at::BFloat16));
   constexpr int64_t half = AheadBytes / 2;
   const int64_t quarter = next_step / 4;
@@ -93,18 +115,53 @@ void multiply_block(const at::BFloat16* a, int64_t lda, int64_t blocks, const Ti
     if (prefetch) vigil::prefetch_lines(b.ahead[0] + offset + half, half);
     fetch_next(kb, 1);
     amx::multiply<1, 4, 7>();
-    amx::load<5>(a_top + 16 * lda, a_stride);
+    if (lower) amx::load<5>(a_top + 16 * lda, a_stride);
     if (prefetch) vigil::prefetch_lines(b.ahead[1] + offset, half);
     fetch_next(kb, 2);
-    amx::multiply<2, 5, 6>();
+    if (lower) amx::multiply<2, 5, 6>();
     if (prefetch) vigil::prefetch_lines(b.ahead[1] + offset + half, half);
     fetch_next(kb, 3);
-    amx::multiply<3, 5, 7>();
+    if (lower) amx::multiply<3, 5, 7>();
   }
-  amx::store<0>(sums[0], 64);
-  amx::store<1>(sums[1], 64);
-  amx::store<2>(sums[2], 64);
-  amx::store<3>(sums[3], 64);
+  store_sums(lower, sums);
+}
+
+// Sums tile C += x's tile (4) times the weights' tile at `tile`, loaded into tile B, fetching ahead of it.
+template <int C, int B, typename Fetch>
+void multiply_by_tile(const char* tile, const Fetch& fetch) {
+  vigil::amx::load<B>(tile, 64);
+  fetch(tile);
+  vigil::amx::multiply<C, 4, B>();
+}
+
+// Sums of M <= 16 rows of `a` (rows lda apart, the tiles configured for M rows) times one column pair's stream,
+// or two: sums[0] and sums[1] the first's two 16-output tiles, sums[2] and sums[3] the second's. Each stream is
+// read once, prefetched into L1 4 KB ahead and into L2 32 KB ahead up to `end`, as few_rows_over_tiles does:
+// a decode batch reads every weight once, so the multiply waits on the stream and not on the tiles.
+void multiply_streams(const at::BFloat16* a, int64_t lda, int64_t blocks, const char* first, const char* second,
+                      const char* end, float (*sums)[256]) {
+  namespace amx = vigil::amx;
+  zero_sums();
+  const int64_t a_stride = lda * static_cast<int64_t>(sizeof(at::BFloat16));
+  const auto fetch = [end](const char* tile) {
+    const char* near = tile + vigil::kPrefetchBytes;
+    const char* far = tile + 8 * vigil::kPrefetchBytes;
+    for (int64_t line = 0; line < kTileBytes; line += 64) {
+      if (near + line < end) _mm_prefetch(near + line, _MM_HINT_T0);
+      if (far + line < end) _mm_prefetch(far + line, _MM_HINT_T1);
+    }
+  };
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    amx::load<4>(a + kb * kBlock, a_stride);
+    const char* block = first + kb * kBlockBytes;
+    multiply_by_tile<0, 5>(block, fetch);
+    multiply_by_tile<1, 6>(block + kTileBytes, fetch);
+    if (second == nullptr) continue;
+    block = second + kb * kBlockBytes;
+    multiply_by_tile<2, 7>(block, fetch);
+    multiply_by_tile<3, 5>(block + kTileBytes, fetch);
+  }
+  store_sums(second != nullptr, sums);
 }
 
 // The unit a thread takes next, and the share of its weights a row block fetches while the current unit is read.
@@ -125,23 +182,29 @@ struct Coming {
 
 // Runs block(unit, rows, lda, m, coming) for every 32-row block of x and every unit of output columns, the
 // threads taking units as they finish; `rows` is x's (rows lda apart), or a zero-padded copy of the last fewer than
-// 32. The row blocks of a unit fetch the next unit's weights into L2 between them, so that memory keeps reading
-// while the tiles multiply what is in cache: before, only the first row block read from memory, and the others
-// left it idle (over SmolLM2's layers, 0.85x the time at 64 rows, 0.92x at 512; the fused gate/up 0.81x at 64).
+// 32 where there are more than 32 (up to 32, the tiles are configured for the rows there are). The row blocks of a
+// unit fetch the next unit's weights into L2 between them, so that memory keeps reading while the tiles multiply
+// what is in cache: before, only the first row block read from memory, and the others left it idle (over
+// SmolLM2's layers, 0.85x the time at 64 rows, 0.92x at 512; the fused gate/up 0.81x at 64).
 template <typename Block>
 void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
-  const int64_t M = x.size(0), K = x.size(1), full = M / 32 * 32;
-  at::Tensor tail;
-  if (full < M) {
-    tail = at::zeros({32, K}, x.options());
-    tail.narrow(0, 0, M - full).copy_(x.narrow(0, full, M - full));
-  }
+  const int64_t M = x.size(0), K = x.size(1), full = M <= 32 ? M : M / 32 * 32;
   const at::BFloat16* rows = x.data_ptr<at::BFloat16>();
+  // The copy in plain memory: as a tensor (zeros, then a copy) it cost 3-6 us a call, a tenth of a small layer's.
+  std::vector<at::BFloat16> tail;
+  if (full < M) {
+    tail.assign(32 * K, at::BFloat16(0.f));
+    for (int64_t r = full; r < M; ++r)
+      std::memcpy(tail.data() + (r - full) * K, rows + r * x.stride(0), K * sizeof(at::BFloat16));
+  }
   const int64_t row_blocks = (M + 31) / 32;
   std::atomic<int64_t> next{0};
   const int64_t per_task = std::max<int64_t>(kMinUnitsPerTask, units / kTasksOfWideLayer);
   vigil::amx::TileConfig config;
-  for (int tile = 0; tile < 8; ++tile) config.shape(tile, 16, 64);
+  const int64_t upper_rows = M < 16 ? M : 16, lower_rows = M > 16 && M < 32 ? M - 16 : 16;
+  for (int tile : {0, 1, 4}) config.shape(tile, upper_rows, 64);
+  for (int tile : {2, 3, 5}) config.shape(tile, lower_rows, 64);
+  for (int tile : {6, 7}) config.shape(tile, 16, 64);
   // Threads take units as they finish rather than in fixed halves: two cores here do not run AMX at one rate.
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     vigil::amx::ScopedTiles tiles(config);
@@ -153,12 +216,25 @@ void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
         const int64_t coming = unit + 1 < last ? unit + 1 : following;
         for (int64_t b = 0; b < row_blocks; ++b) {
           const int64_t m = 32 * b;
-          const at::BFloat16* a = m < full ? rows + m * x.stride(0) : tail.data_ptr<at::BFloat16>();
+          const at::BFloat16* a = m < full ? rows + m * x.stride(0) : tail.data();
           block(unit, a, m < full ? x.stride(0) : K, m, Coming{coming < units ? coming : -1, b, row_blocks});
         }
       }
       first = following;
     }
+  });
+}
+
+// half(first, last) for the threads' fixed halves of [0, pairs) (in order, so that each reads one run of the
+// streams), with the tiles configured for M <= 16 rows of x.
+template <typename Half>
+void for_each_half(int64_t M, int64_t pairs, const Half& half) {
+  vigil::amx::TileConfig config;
+  for (int tile : {0, 1, 2, 3, 4}) config.shape(tile, M, 64);
+  for (int tile : {5, 6, 7}) config.shape(tile, 16, 64);
+  at::parallel_for(0, pairs, 1, [&](int64_t first, int64_t last) {
+    vigil::amx::ScopedTiles tiles(config);
+    half(first, last);
   });
 }
 
@@ -268,8 +344,8 @@ void multiply_pair(const char* stream, const at::BFloat16* a, int64_t lda, int64
   const int64_t ahead = vigil::kPrefetchBytes;
   const TileStreams b{{stream, stream + kTileBytes}, {stream + ahead, stream + ahead + kTileBytes}};
   alignas(64) float sums[4][256];
-  multiply_block<kTileBytes>(a, lda, blocks, b, prefetch, coming, coming_step, sums);
   const int64_t rows = std::min<int64_t>(32, M - m), top = std::min<int64_t>(16, rows);
+  multiply_block<kTileBytes>(a, lda, blocks, b, prefetch, coming, coming_step, rows > 16, sums);
   const int64_t columns = std::min<int64_t>(kPair, N - p * kPair);
   at::BFloat16* y_block = y + m * N + p * kPair;
   store_tile(sums[0], y_block, N, top, columns);
@@ -307,11 +383,28 @@ at::Tensor amx_linear(at::Tensor x, at::Tensor packed, int64_t out_features) {
 #ifdef VIGIL_AMX
   const char* w = static_cast<const char*>(packed.data_ptr());
   at::BFloat16* out = y.data_ptr<at::BFloat16>();
-  const int64_t blocks = K / kBlock;
-  for_each_block(x, (N + 31) / 32, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m,
-                                        const Coming& coming) {
-    multiply_pair(w + p * blocks * kBlockBytes, a, lda, blocks, coming.part == 0, coming.share(w, 0, blocks),
-                  coming.step(), out, M, N, m, p);
+  const int64_t blocks = K / kBlock, pairs = (N + 31) / 32, pair_bytes = blocks * kBlockBytes;
+  if (M <= kTileRows) {
+    // Two column pairs at a time, so that each load of x's tile serves four products.
+    const at::BFloat16* rows = x.data_ptr<at::BFloat16>();
+    for_each_half(M, pairs, [&](int64_t first, int64_t last) {
+      const char* end = w + last * pair_bytes;
+      for (int64_t p = first; p < last; p += 2) {
+        const char* stream = w + p * pair_bytes;
+        alignas(64) float sums[4][256];
+        multiply_streams(rows, x.stride(0), blocks, stream, p + 1 < last ? stream + pair_bytes : nullptr, end, sums);
+        for (int64_t q = p; q < std::min(last, p + 2); ++q) {
+          const int64_t columns = std::min<int64_t>(kPair, N - q * kPair);
+          store_tile(sums[2 * (q - p)], out + q * kPair, N, M, columns);
+          store_tile(sums[2 * (q - p) + 1], out + q * kPair + 16, N, M, columns - 16);
+        }
+      }
+    });
+    return y;
+  }
+  for_each_block(x, pairs, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, const Coming& coming) {
+    multiply_pair(w + p * pair_bytes, a, lda, blocks, coming.part == 0, coming.share(w, 0, blocks), coming.step(),
+                  out, M, N, m, p);
   });
 #endif
   return y;
@@ -329,10 +422,24 @@ at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermed
 #ifdef VIGIL_AMX
   const char* w = static_cast<const char*>(packed.data_ptr());
   at::BFloat16* out = y.data_ptr<at::BFloat16>();
-  const int64_t blocks = K / kBlock, pair_bytes = blocks * kBlockBytes;
-  for_each_block(x, I / kPair, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, const Coming& coming) {
+  const int64_t blocks = K / kBlock, pair_bytes = blocks * kBlockBytes, pairs = I / kPair;
+  if (M <= kTileRows) {
+    // Gate's and up's pair in one pass, each stream read once.
+    const at::BFloat16* rows = x.data_ptr<at::BFloat16>();
+    for_each_half(M, pairs, [&](int64_t first, int64_t last) {
+      const char* end = w + (pairs + last) * pair_bytes;
+      for (int64_t p = first; p < last; ++p) {
+        alignas(64) float sums[4][256];
+        multiply_streams(rows, x.stride(0), blocks, w + p * pair_bytes, w + (pairs + p) * pair_bytes, end, sums);
+        store_silu_mul(sums[0], sums[2], out + p * kPair, I, M);
+        store_silu_mul(sums[1], sums[3], out + p * kPair + 16, I, M);
+      }
+    });
+    return y;
+  }
+  for_each_block(x, pairs, [&](int64_t p, const at::BFloat16* a, int64_t lda, int64_t m, const Coming& coming) {
     const char* gate = w + p * pair_bytes;
-    const char* up = w + (p + I / kPair) * pair_bytes;
+    const char* up = w + (p + pairs) * pair_bytes;
     const int64_t ahead = vigil::kPrefetchBytes;
     const int64_t rows = std::min<int64_t>(32, M - m), top = std::min<int64_t>(16, rows);
     for (int64_t half = 0; half < 2; ++half) {
@@ -342,7 +449,7 @@ at::Tensor amx_silu_mul_linear(at::Tensor x, at::Tensor packed, int64_t intermed
       alignas(64) float sums[4][256];
       // The first half fetches its share of the coming unit's gate stream, the second of its up stream.
       multiply_block<kBlockBytes>(a, lda, blocks, b, coming.part == 0 && half == 0,
-                                  coming.share(w, half * I / kPair, blocks), coming.step(), sums);
+                                  coming.share(w, half * pairs, blocks), coming.step(), rows > 16, sums);
       at::BFloat16* y_block = out + m * I + p * kPair + half * 16;
       store_silu_mul(sums[0], sums[1], y_block, I, top);
       if (rows > 16) store_silu_mul(sums[2], sums[3], y_block + 16 * I, I, rows - 16);

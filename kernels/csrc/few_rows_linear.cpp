@@ -105,11 +105,12 @@ void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w
 // by 1.7-1.9x at eight rows, and, eight rows a pass, up to 32: on two Zen 5 cores SmolLM2's 120 layers took 0.53x
 // oneDNN's time at 9 rows, 0.67x at 16, 0.90x at 32 and 1.04x at 48 (oneDNN packs the weights on every call);
 // widening, by 1.1-1.3x at four and even at five. Where AMX tiles serve, layers keep only their tile layout
-// (amx_linear.cpp): its few-rows kernel serves up to six rows, and its AMX kernel from seven (1.08x the few-rows
-// kernel's time at six, 0.95x at seven, 0.85x at eight).
+// (amx_linear.cpp): its few-rows kernel serves up to three rows, and its AMX kernel from four, where it takes x's
+// rows in one tile (on two Emerald Rapids cores, SmolLM2's layers and output layer from L3: 1.00x the few-rows
+// kernel's time at three rows, 0.94-0.97x at four and five, 0.88-0.90x at six, 0.79x at eight).
 int64_t few_rows_limit() {
 #ifdef VIGIL_AMX
-  if (vigil::amx::usable()) return 6;
+  if (vigil::amx::usable()) return 3;
 #endif
 #ifdef VIGIL_AVX512_BF16
   return kAcceptedRows;

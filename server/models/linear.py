@@ -84,8 +84,8 @@ class AmxBf16WeightLinear:
     """bf16 weights on CPUs with AMX, packed once at load into the tile layout of kernels/csrc/amx_linear.cpp and
     kept only so: more rows than ``max_rows`` take its AMX kernel, fewer its few-rows kernel over the same layout.
     SmolLM2's linears at 64 rows on two Xeon cores, streaming from memory: about 0.75-0.8x the time of oneDNN's
-    bf16 GEMM over weights it had packed itself, and it wins from 8 rows to 512; at one to six rows the few-rows
-    kernel takes 0.91-0.97x the time of few_rows_linear over plain weights."""
+    bf16 GEMM over weights it had packed itself, and it wins from 8 rows to 512; from four rows, where a decode
+    batch's rows fill one tile, it also beats the few-rows kernel, which serves one to three rows."""
 
     def __init__(self, weight: torch.Tensor, compiled: ModuleType) -> None:
         self.out_features = weight.shape[0]
