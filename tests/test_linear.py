@@ -143,16 +143,17 @@ def test_the_few_rows_kernel_over_the_tile_layout_equals_an_fp32_product(rows, o
 @needs_amx
 def test_a_row_through_the_amx_kernels_does_not_depend_on_the_rows_beside_it():
     """A decode batch's rows in one tile, tiles shaped to 17-31 rows, and 32-row blocks with a padded last one:
-    each row's sums are the same bits whichever way its batch was taken."""
+    each row's sums are the same bits whichever way its batch was taken; no rows, no sums (and no crash)."""
     generator = torch.Generator().manual_seed(3)
     weight = (torch.randn(2 * 160, 96, generator=generator) * 0.2).bfloat16()
     packed = COMPILED.amx_pack_weight(weight)
     x = torch.randn(70, 96, generator=generator).bfloat16()
     whole = COMPILED.amx_linear(x, packed, 2 * 160)
     activated = COMPILED.amx_silu_mul_linear(x, packed, 160)
-    for rows in (1, 5, 16, 17, 31, 32, 45):
+    for rows in (0, 1, 5, 16, 17, 31, 32, 45):
         assert torch.equal(COMPILED.amx_linear(x[:rows], packed, 2 * 160), whole[:rows]), rows
         assert torch.equal(COMPILED.amx_linear(x[-rows:], packed, 2 * 160), whole[-rows:]), rows
+        assert torch.equal(COMPILED.amx_silu_mul_linear(x[:rows], packed, 160), activated[:rows]), rows
         assert torch.equal(COMPILED.amx_silu_mul_linear(x[-rows:], packed, 160), activated[-rows:]), rows
 
 

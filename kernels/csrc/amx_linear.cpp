@@ -226,9 +226,10 @@ void for_each_block(const at::Tensor& x, int64_t units, const Block& block) {
 }
 
 // half(first, last) for the threads' fixed halves of [0, pairs) (in order, so that each reads one run of the
-// streams), with the tiles configured for M <= 16 rows of x.
+// streams), with the tiles configured for M <= 16 rows of x; none for no rows, which no tile can be shaped to.
 template <typename Half>
 void for_each_half(int64_t M, int64_t pairs, const Half& half) {
+  if (M == 0) return;
   vigil::amx::TileConfig config;
   for (int tile : {0, 1, 2, 3, 4}) config.shape(tile, M, 64);
   for (int tile : {5, 6, 7}) config.shape(tile, 16, 64);
