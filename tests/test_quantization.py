@@ -167,6 +167,15 @@ def test_a_non_finite_input_makes_every_output_non_finite(compiled, method, bad,
     assert bool(finite[0].all()) and not bool(finite[1].any()) and bool(finite[2:].all())
 
 
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_rows_give_no_outputs(compiled, method, dtype):
+    """The row kernels take one row at least: an empty x once crashed the process."""
+    weight = quantize(torch.randn(64, 96), method)
+    y = getattr(compiled, f"{method}_linear")(torch.randn(0, 96).to(dtype), *weight.tensors)
+    assert y.shape == (0, 64) and y.dtype == dtype
+
+
 def test_shapes_the_cpp_kernel_cannot_take_run_on_the_oracle():
     layer = make_linear(torch.randn(6, 40), torch.float32, "int8")  # 6 outputs: not in fours; 40: not in 32s
     assert isinstance(layer, QuantizedLinear) and layer.kernel is reference.int8_linear

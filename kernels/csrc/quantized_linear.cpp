@@ -540,6 +540,7 @@ at::Tensor dequantised_bf16_linear(const at::Tensor& x, const Rows& rows_of_w, i
 
 template <typename Rows>
 at::Tensor quantised_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t N) {
+  if (x.size(0) == 0) return at::empty({0, N}, x.options());  // the row kernels take one row at least
 #ifdef VIGIL_AVX512_BF16
   if (x.scalar_type() == at::kBFloat16 && x.size(0) >= kDequantisedRows &&
       !rows_take_tiles(x.size(0), N, x.size(1), rows_of_w))
