@@ -144,12 +144,8 @@ void multiply_streams(const at::BFloat16* a, int64_t lda, int64_t blocks, const 
   zero_sums();
   const int64_t a_stride = lda * static_cast<int64_t>(sizeof(at::BFloat16));
   const auto fetch = [end](const char* tile) {
-    const char* near = tile + vigil::kPrefetchBytes;
-    const char* far = tile + 8 * vigil::kPrefetchBytes;
-    for (int64_t line = 0; line < kTileBytes; line += 64) {
-      if (near + line < end) _mm_prefetch(near + line, _MM_HINT_T0);
-      if (far + line < end) _mm_prefetch(far + line, _MM_HINT_T1);
-    }
+    for (int64_t line = 0; line < kTileBytes; line += 64)
+      vigil::prefetch_line_near_and_far<vigil::kPrefetchBytes, 8 * vigil::kPrefetchBytes>(tile + line, end);
   };
   for (int64_t kb = 0; kb < blocks; ++kb) {
     amx::load<4>(a + kb * kBlock, a_stride);

@@ -72,17 +72,6 @@ SpanRows round_rows_in_spans(const X* xp, int64_t ldx, int64_t R, int64_t K, int
   return out;
 }
 
-#ifdef VIGIL_AMX
-// On the CPUs with AMX (Sapphire and Emerald Rapids), whose L3 is slower to answer than Zen's, a line 2 KB ahead
-// into L1 and one 16 KB ahead into L2, where L1 alone reached 4 KB ahead: L1's few outstanding misses held one and
-// two rows to about 23 GB/s from L3. SmolLM2's 120 layers at one and two rows from L3 on two Emerald Rapids cores:
-// 0.83-0.90x the time, the output layer 0.80-0.88x (on Zen 5 an L2 prefetch cost 1.08-1.11x).
-inline void prefetch_line_into_l1_and_l2(const char* line, const char* end) {
-  if (line + 2048 < end) _mm_prefetch(line + 2048, _MM_HINT_T0);
-  if (line + 16384 < end) _mm_prefetch(line + 16384, _MM_HINT_T1);
-}
-#endif
-
 // Independent chains of multiply-adds a row at one to three rows, so that a block does not wait on the one before.
 constexpr int64_t int8_chains(int64_t rows) { return rows <= 3 ? 2 : 1; }
 
@@ -111,7 +100,11 @@ void int8_rows_by_vnni(const SpanRows& xq, int64_t K, int64_t N, const Rows& w, 
           // Prefetched a block at a time, as few_rows_linear.cpp does: a whole row's lines at once stall (one
           // and two rows 5-9% slower).
 #ifdef VIGIL_AMX
-          if (b % 2 == 0) prefetch_line_into_l1_and_l2(codes + b * 32, end);
+          // On the CPUs with AMX (Sapphire and Emerald Rapids), whose L3 is slower to answer than Zen's, a line
+          // 2 KB ahead into L1 and one 16 KB ahead into L2, where L1 alone reached 4 KB ahead and held one and two
+          // rows to about 23 GB/s from L3. SmolLM2's 120 layers at one and two rows from L3 on two Emerald Rapids
+          // cores: 0.83-0.90x the time, the output layer 0.80-0.88x (on Zen 5 an L2 prefetch cost 1.08-1.11x).
+          if (b % 2 == 0) prefetch_line_near_and_far<2048, 16384>(codes + b * 32, end);
 #else
           prefetch_ahead(codes + b * 32, 32, end);
 #endif

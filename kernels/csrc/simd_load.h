@@ -59,6 +59,14 @@ inline void prefetch_lines(const void* from, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(start + line, static_cast<_mm_hint>(Hint));
 }
 
+// Prefetches the line `Near` bytes past `line` into L1 and the one `Far` bytes past it into L2, neither at or past
+// `end`: from a slow L3, L1's few outstanding misses alone cannot keep a stream of weights coming.
+template <int64_t Near, int64_t Far>
+inline void prefetch_line_near_and_far(const char* line, const char* end) {
+  if (line + Near < end) _mm_prefetch(line + Near, _MM_HINT_T0);
+  if (line + Far < end) _mm_prefetch(line + Far, _MM_HINT_T1);
+}
+
 // Prefetches `bytes` from kPrefetchBytes past `row`, stopping at `end` (the end of what this thread reads).
 inline void prefetch_ahead(const void* row, int64_t bytes, const void* end) {
   const char* from = static_cast<const char*>(row) + kPrefetchBytes;
