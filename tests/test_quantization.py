@@ -32,6 +32,9 @@ def rounded_magnitudes(weight: QuantizedWeight) -> torch.Tensor:
     return dequantize(replace(weight, mins=torch.zeros_like(weight.mins))).abs()
 
 
+AMX = cpu.load() is not None and cpu.load().amx_linear_usable()
+
+
 @pytest.fixture(scope="module")
 def compiled():
     module = cpu.load()
@@ -113,6 +116,35 @@ def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, 
     actual = getattr(compiled, f"{method}_linear")(x, *weight.tensors)
     assert actual.dtype == torch.bfloat16 and actual.shape == (rows, outputs)
     assert bool(((actual.float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
+
+
+@pytest.mark.parametrize("rows", [9, 12, 16, 17, 32])
+@pytest.mark.parametrize(("inputs", "group_size"), [(576, 32), (4224, 64)])
+def test_int4_bf16_decode_batches_match_the_torch_oracle(compiled, rows, inputs, group_size):
+    """Nine to 32 bf16 rows of int4 against outputs in sixteens, as a decode batch of 9-32 streams or a few streams'
+    speculative rows sends them: with AMX each block dequantised into a bf16 tile and multiplied by the rows' B tiles
+    (one of 16 rows, two past 16), the block's scale and minimum in the weights, groups of two blocks sharing theirs."""
+    generator = torch.Generator().manual_seed(rows + inputs)
+    weight = quantize_int4(torch.randn(48, inputs, generator=generator), group_size)
+    x = torch.randn(rows, inputs, generator=generator).bfloat16()
+    expected = reference.int4_linear(x.float(), *weight.tensors)
+    actual = compiled.int4_linear(x, *weight.tensors)
+    assert actual.dtype == torch.bfloat16 and actual.shape == (rows, 48)
+    assert bool(((actual.float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
+
+
+@pytest.mark.skipif(not AMX, reason="no AMX tiles here: 9-32 bf16 rows of int4 take oneDNN's GEMM")
+def test_a_bf16_row_of_int4_on_the_tiles_does_not_depend_on_the_rows_beside_it(compiled):
+    """Each row is a column of tile C whose sums run alone: the same bits in a batch of 9, 16, 17 or 32 rows, and
+    wherever the row lies in it."""
+    weight = quantize_int4(torch.randn(64, 1088, generator=torch.Generator().manual_seed(5)))
+    x = torch.randn(32, 1088, generator=torch.Generator().manual_seed(6)).bfloat16()
+    whole = compiled.int4_linear(x, *weight.tensors)
+    for rows in (9, 16, 17, 31):
+        assert torch.equal(compiled.int4_linear(x[:rows], *weight.tensors), whole[:rows]), rows
+        assert torch.equal(compiled.int4_linear(x[-rows:], *weight.tensors), whole[-rows:]), rows
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(compiled.int4_linear(x[order], *weight.tensors), whole[order])
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5, 8, 12, 16])

@@ -1,9 +1,10 @@
-// int4 weights times five to 16 rows of x on AMX tiles. Each block of 32 features is a tile multiply of its own, as
-// each has its weight scale: the 16 outputs' codes, unpacked from nibbles to bytes, are tile A (16 outputs x 32
-// unsigned codes), and x the B tile (tile_rows.h: each row's high and low signed bytes, eight rows a tile); one
-// tdpbusd gives 16 outputs' high and low integer sums over the block for eight rows at once, where the vector
-// kernel (int4_rows_by_vnni) spends four vpdpbusd a row on four blocks of one output. Each output's sums then take
-// the block's weight scale in fp32, and at the end of a span x's scales, 256 times the row's for the high bytes.
+// int4 weights times five to 16 rows of x on AMX tiles (bf16 rows past eight take int4_amx_bf16.h instead). Each block
+// of 32 features is a tile multiply of its own, as each has its weight scale: the 16 outputs' codes, unpacked from
+// nibbles to bytes, are tile A (16 outputs x 32 unsigned codes), and x the B tile (tile_rows.h: each row's high and low
+// signed bytes, eight rows a tile); one tdpbusd gives 16 outputs' high and low integer sums over the block for eight
+// rows at once, where the vector kernel (int4_rows_by_vnni) spends four vpdpbusd a row on four blocks of one output.
+// Each output's sums then take the block's weight scale in fp32, and at the end of a span x's scales, 256 times the
+// row's for the high bytes.
 //
 // Each block pays a fixed cost (unpacking, a tile store, 16 multiply-adds of its sums) whatever the rows: on two
 // Emerald Rapids cores SmolLM2's 120 layers, weights streamed from memory, took 1.15-1.3x the vector kernel's time
@@ -98,12 +99,8 @@ void int4_rows_by_tiles(const TileRows& xq, int64_t R, int64_t K, int64_t N, con
       const int64_t n0 = task * 16;
       const uint8_t* codes = w.w + n0 * row_bytes;
       // The 16 outputs' scales and minimums lie side by side, an output's groups in a run.
-      for (int64_t i = 0; i < 16 * groups; i += 16) {
-        _mm512_storeu_ps(weight_scales.data() + i, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                                       reinterpret_cast<const __m256i*>(w.scales + n0 * groups + i))));
-        _mm512_storeu_ps(weight_mins.data() + i,
-                         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + n0 * groups + i))));
-      }
+      widen_halves(w.scales + n0 * groups, 16 * groups, weight_scales.data());
+      widen_halves(w.mins + n0 * groups, 16 * groups, weight_mins.data());
       for (int64_t g = 0; g < groups; ++g)
         _mm512_storeu_ps(mins_by_group.data() + g * 16, _mm512_i32gather_ps(output_groups, weight_mins.data() + g, 4));
       const auto unpack = [&](int64_t b, uint8_t(&tile)[16][32]) {

@@ -9,7 +9,8 @@
 // multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one
 // row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its
 // block's largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
-// tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h). More rows:
+// tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h), but for
+// bf16 rows past eight, which take int4 dequantised into AMX's bf16 tiles up to 32 rows (int4_amx_bf16.h). More rows:
 // with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else a
 // task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that stays
 // in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators, each
@@ -24,6 +25,7 @@
 
 #include "amx_pairs.h"
 #include "compile_time_rows.h"
+#include "int4_amx_bf16.h"
 #include "int4_amx_rows.h"
 #include "int4_few_rows.h"
 #include "int4_vnni_rows.h"
@@ -484,14 +486,9 @@ constexpr int64_t kPrefetchBlocks = 4;
 // multiply-adds as dequantise(), with no fp32 row between.
 inline __m512i dequantised_block_bf16(const Int4Rows& w, int64_t n, int64_t b) {
   const int64_t group = n * w.groups + b * kBlock / w.group_size;
-  const __m512 scale = _mm512_set1_ps(static_cast<float>(w.scales[group]));
-  const __m512 min = _mm512_set1_ps(static_cast<float>(w.mins[group]));
-  const __m512i packed =
-      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.w + n * (w.K / 2) + b * kBlock / 2)));
-  const __m512i low = _mm512_and_si512(packed, _mm512_set1_epi32(0x0F));
-  const __m512 first = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), scale, min);
-  const __m512 second = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(packed, 4)), scale, min);
-  return (__m512i)_mm512_cvtne2ps_pbh(second, first);
+  return vigil::dequantised_codes_bf16(w.w + n * (w.K / 2) + b * kBlock / 2,
+                                       _mm512_set1_ps(static_cast<float>(w.scales[group])),
+                                       _mm512_set1_ps(static_cast<float>(w.mins[group])));
 }
 
 inline __m512i dequantised_block_bf16(const Int8Rows& w, int64_t n, int64_t b) {
@@ -541,6 +538,16 @@ at::Tensor dequantised_bf16_linear(const at::Tensor& x, const Rows& rows_of_w, i
 template <typename Rows>
 at::Tensor quantised_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t N) {
   if (x.size(0) == 0) return at::empty({0, N}, x.options());  // the row kernels take one row at least
+#ifdef VIGIL_AMX
+  if constexpr (std::is_same_v<Rows, Int4Rows>) {
+    if (x.scalar_type() == at::kBFloat16 && vigil::int4_bf16_tiles_fit(x.size(0), N)) {
+      auto y = at::empty({x.size(0), N}, x.options());
+      vigil::int4_rows_by_bf16_tiles(x.data_ptr<at::BFloat16>(), x.stride(0), x.size(0), x.size(1), N, rows_of_w,
+                                     y.data_ptr<at::BFloat16>());
+      return y;
+    }
+  }
+#endif
 #ifdef VIGIL_AVX512_BF16
   if (x.scalar_type() == at::kBFloat16 && x.size(0) >= kDequantisedRows &&
       !rows_take_tiles(x.size(0), N, x.size(1), rows_of_w))

@@ -102,6 +102,12 @@ inline void store16(at::BFloat16* p, __m512 v, __mmask16 lanes = 0xFFFF) {
 
 inline void store16(float* p, __m512 v, __mmask16 lanes = 0xFFFF) { _mm512_mask_storeu_ps(p, lanes, v); }
 
+// `count` (a multiple of 16) fp16 values widened to fp32.
+inline void widen_halves(const at::Half* from, int64_t count, float* to) {
+  for (int64_t i = 0; i < count; i += 16)
+    _mm512_storeu_ps(to + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + i))));
+}
+
 // v rounded to bf16 and widened again: what a value stored in bf16 and read back holds.
 inline __m512 round_to_bf16(__m512 v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
 

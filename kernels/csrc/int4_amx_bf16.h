@@ -1,0 +1,164 @@
+// int4 weights times nine to 32 bf16 rows of x on AMX's bf16 tiles. Each block of 32 features of 16 outputs is
+// dequantised in registers (code * scale + min, rounded to bf16, as the prompts' path rounds it) straight into tile A,
+// 16 outputs by 32 features in the codes' own order, so nothing is transposed; x is laid out once a call as B tiles
+// of bf16 feature pairs, 16 rows a tile. Q4_1's scale and minimum per 32 features are then in the weights, and a
+// task's sums run on in tile C across every block: where the integer tiles (int4_amx_rows.h) store each block's sums
+// and scale them in fp32, twice past eight rows, nothing here is stored or added a block.
+//
+// SmolLM2's 120 layers on two Emerald Rapids cores, weights in L3: 0.61-0.65x the integer tiles' time at 9 to 16 rows
+// (16 rows: 8.2 against 13.6 ms; the default's bf16 tiles take 10.4), 0.64-0.75x the bf16 column pairs' at 17 to 32
+// (amx_pairs.h, which transpose every weight into B), the output layer 0.56-0.62x; at eight rows 0.96x, within the
+// noise, so five to eight rows keep the integer tiles. The sums of even and odd blocks in two C tiles: 0.98x.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "amx_tiles.h"
+#include "lane_sums.h"
+
+#ifdef VIGIL_AVX512_BF16
+namespace vigil {
+
+// A block's 16 bytes of codes (byte i: feature i in its low nibble, i + 16 in its high one) as its 32 weights in
+// feature order, code * scale + min rounded to bf16.
+inline __m512i dequantised_codes_bf16(const uint8_t* bytes, __m512 scale, __m512 min) {
+  const __m512i packed = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+  const __m512i low = _mm512_and_si512(packed, _mm512_set1_epi32(0x0F));
+  const __m512 first = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), scale, min);
+  const __m512 second = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(packed, 4)), scale, min);
+  return (__m512i)_mm512_cvtne2ps_pbh(second, first);
+}
+
+}  // namespace vigil
+#endif
+
+#if defined(VIGIL_AMX)
+namespace vigil {
+
+constexpr int64_t kBf16TileRowsOfX = 16;
+constexpr int64_t kInt4Bf16TilesFirstRow = 9;
+constexpr int64_t kInt4Bf16TilesLastRow = 2 * kBf16TileRowsOfX;
+
+// Whether the bf16 tiles take R bf16 rows against these weights: whole tiles of outputs.
+inline bool int4_bf16_tiles_fit(int64_t R, int64_t N) {
+  return R >= kInt4Bf16TilesFirstRow && R <= kInt4Bf16TilesLastRow && N % 16 == 0 && amx::usable();
+}
+
+// x's bf16 rows as B tiles [row groups of 16, K / 2 feature pairs, 16 rows], each pair one uint32; rows past R zero.
+inline std::vector<uint32_t> rows_as_pair_tiles(const at::BFloat16* xp, int64_t ldx, int64_t R, int64_t K) {
+  const int64_t row_groups = (R + kBf16TileRowsOfX - 1) / kBf16TileRowsOfX, pairs = K / 2;
+  std::vector<uint32_t> tiles(row_groups * pairs * kBf16TileRowsOfX, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    uint32_t* column = tiles.data() + (r / kBf16TileRowsOfX * pairs) * kBf16TileRowsOfX + r % kBf16TileRowsOfX;
+    const at::BFloat16* x = xp + r * ldx;
+    for (int64_t p = 0; p < pairs; ++p) std::memcpy(column + p * kBf16TileRowsOfX, x + 2 * p, 4);
+  }
+  return tiles;
+}
+
+// Tile C of each row group (0, and 6 for the second) takes the even blocks, another (1, and 7) the odd ones, added
+// at the end; a block's A is dequantised a step ahead of its multiply, in the other of two slots.
+template <bool TwoRowGroups, typename Dequantise>
+inline void multiply_blocks(int64_t blocks, const Dequantise& dequantise, const uint32_t* x_tiles,
+                            float (&sums)[2][16][16]) {
+  alignas(64) uint16_t a[2][16][32];
+  const int64_t group_stride = blocks * 16 * kBf16TileRowsOfX;
+  amx::zero<0>();
+  amx::zero<1>();
+  if constexpr (TwoRowGroups) {
+    amx::zero<6>();
+    amx::zero<7>();
+  }
+  dequantise(0, a[0]);
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (b + 1 < blocks) dequantise(b + 1, a[(b + 1) % 2]);
+    const uint32_t* x_block = x_tiles + b * 16 * kBf16TileRowsOfX;
+    if (b % 2 == 0) {
+      amx::load<2>(a[0], 64);
+      amx::load<4>(x_block, 64);
+      amx::multiply<0, 2, 4>();
+      if constexpr (TwoRowGroups) {
+        amx::load<5>(x_block + group_stride, 64);
+        amx::multiply<6, 2, 5>();
+      }
+    } else {
+      amx::load<3>(a[1], 64);
+      if constexpr (TwoRowGroups) {
+        amx::load<4>(x_block, 64);
+        amx::multiply<1, 3, 4>();
+        amx::load<5>(x_block + group_stride, 64);
+        amx::multiply<7, 3, 5>();
+      } else {
+        amx::load<5>(x_block, 64);
+        amx::multiply<1, 3, 5>();
+      }
+    }
+  }
+  alignas(64) float odd[16][16];
+  for (int group = 0; group < (TwoRowGroups ? 2 : 1); ++group) {
+    if (group == 0) {
+      amx::store<0>(sums[0], 64);
+      amx::store<1>(odd, 64);
+    } else {
+      amx::store<6>(sums[1], 64);
+      amx::store<7>(odd, 64);
+    }
+    for (int64_t j = 0; j < 16; ++j)
+      _mm512_store_ps(sums[group][j], _mm512_add_ps(_mm512_load_ps(sums[group][j]), _mm512_load_ps(odd[j])));
+  }
+}
+
+// y[r, n] = x[r] . w[n] for R bf16 rows where int4_bf16_tiles_fit, 16 outputs a task.
+template <typename Rows>
+void int4_rows_by_bf16_tiles(const at::BFloat16* xp, int64_t ldx, int64_t R, int64_t K, int64_t N, const Rows& w,
+                             at::BFloat16* yp) {
+  const int64_t blocks = K / 32, groups = w.groups, blocks_per_group = w.group_size / 32, row_bytes = K / 2;
+  const std::vector<uint32_t> x_tiles = rows_as_pair_tiles(xp, ldx, R, K);
+  at::parallel_for(0, N / 16, 1, [&](int64_t first, int64_t last) {
+    // B and C as wide as the rows of a group (zero columns past a second group's last row).
+    const int64_t columns = 4 * std::min(R, kBf16TileRowsOfX);
+    amx::TileConfig config;
+    for (const int c : {0, 1, 6, 7}) config.shape(c, 16, columns);  // C: 16 outputs x the rows, fp32
+    config.shape(2, 16, 64);                                         // A: 16 outputs x 32 features, bf16
+    config.shape(3, 16, 64);
+    config.shape(4, 16, columns);  // B: 16 feature pairs x the rows
+    config.shape(5, 16, columns);
+    amx::ScopedTiles tiles(config);
+    alignas(64) float sums[2][16][16];
+    std::vector<float> scales(16 * groups), mins(16 * groups);
+    const __m512i output_columns =
+        _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 4);
+    const uint8_t* const end = w.w + last * 16 * row_bytes;
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t n0 = task * 16;
+      const uint8_t* codes = w.w + n0 * row_bytes;
+      widen_halves(w.scales + n0 * groups, 16 * groups, scales.data());
+      widen_halves(w.mins + n0 * groups, 16 * groups, mins.data());
+      const auto dequantise = [&](int64_t b, uint16_t(&tile)[16][32]) {
+        // The next task's codes, a block's share of them a step.
+        prefetch_lines(std::min(codes + 16 * row_bytes + b * 256, end - 256), 256);
+        const int64_t g = b / blocks_per_group;
+#pragma GCC unroll 16
+        for (int64_t j = 0; j < 16; ++j)
+          _mm512_store_si512(tile[j], dequantised_codes_bf16(codes + j * row_bytes + b * 16,
+                                                             _mm512_set1_ps(scales[j * groups + g]),
+                                                             _mm512_set1_ps(mins[j * groups + g])));
+      };
+      if (R > kBf16TileRowsOfX)
+        multiply_blocks<true>(blocks, dequantise, x_tiles.data(), sums);
+      else
+        multiply_blocks<false>(blocks, dequantise, x_tiles.data(), sums);
+      for (int64_t r = 0; r < R; ++r)
+        store_lanes(yp + r * N + n0,
+                    _mm512_i32gather_ps(output_columns, &sums[r / kBf16TileRowsOfX][0][r % kBf16TileRowsOfX], 4), 16);
+    }
+  });
+}
+
+}  // namespace vigil
+#endif
