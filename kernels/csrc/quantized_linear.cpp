@@ -487,8 +487,8 @@ constexpr int64_t kPrefetchBlocks = 4;
 inline __m512i dequantised_block_bf16(const Int4Rows& w, int64_t n, int64_t b) {
   const int64_t group = n * w.groups + b * kBlock / w.group_size;
   return vigil::dequantised_codes_bf16(w.w + n * (w.K / 2) + b * kBlock / 2,
-                                       _mm512_set1_ps(static_cast<float>(w.scales[group])),
-                                       _mm512_set1_ps(static_cast<float>(w.mins[group])));
+                                       vigil::code_values_bf16(_mm512_set1_ps(static_cast<float>(w.scales[group])),
+                                                               _mm512_set1_ps(static_cast<float>(w.mins[group]))));
 }
 
 inline __m512i dequantised_block_bf16(const Int8Rows& w, int64_t n, int64_t b) {
