@@ -105,10 +105,11 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize(("rows", "outputs", "inputs"), [(9, 40, 576), (33, 960, 576), (65, 48, 1536), (130, 576, 96)])
 def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, inputs):
-    """Nine rows and more of bf16 x take the weights dequantised to bf16 where the AMX integer tiles do not take
-    them (int4 past 16 rows, int8 past 64, outputs not in sixteens): with AMX a column pair of 32 outputs at a time,
-    transposed into the tiles' layout, over every block of 32 rows (the last part-filled; 40 and 48 outputs end in
-    part of a pair). 33 rows of int8 on AMX take the integer tiles, three passes of up to 16 rows."""
+    """Nine rows and more of bf16 x take the weights dequantised to bf16 where the AMX tiles of int4's decode
+    batches or int8's integer tiles do not take them (int4 past 64 rows, int8 past 64, outputs not in sixteens):
+    with AMX a column pair of 32 outputs at a time, transposed into the tiles' layout, over every block of 32 rows
+    (the last part-filled; 40 and 48 outputs end in part of a pair). 33 rows of int8 on AMX take the integer tiles,
+    three passes of up to 16 rows, and of int4 the bf16 tiles of its decode batches, three row groups."""
     generator = torch.Generator().manual_seed(rows + outputs)
     weight = quantize(torch.randn(outputs, inputs, generator=generator), method)
     x = torch.randn(rows, inputs, generator=generator).bfloat16()
@@ -118,12 +119,12 @@ def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, 
     assert bool(((actual.float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
 
 
-@pytest.mark.parametrize("rows", [9, 12, 16, 17, 32])
+@pytest.mark.parametrize("rows", [9, 12, 16, 17, 32, 33, 48, 64])
 @pytest.mark.parametrize(("inputs", "group_size"), [(576, 32), (4224, 64)])
 def test_int4_bf16_decode_batches_match_the_torch_oracle(compiled, rows, inputs, group_size):
-    """Nine to 32 bf16 rows of int4 against outputs in sixteens, as a decode batch of 9-32 streams or a few streams'
+    """Nine to 64 bf16 rows of int4 against outputs in sixteens, as a decode batch of 9-64 streams or a few streams'
     speculative rows sends them: with AMX each block dequantised into a bf16 tile and multiplied by the rows' B tiles
-    (one of 16 rows, two past 16), the block's scale and minimum in the weights, groups of two blocks sharing theirs."""
+    (16 rows a tile, up to four), the block's scale and minimum in the weights, groups of two blocks sharing theirs."""
     generator = torch.Generator().manual_seed(rows + inputs)
     weight = quantize_int4(torch.randn(48, inputs, generator=generator), group_size)
     x = torch.randn(rows, inputs, generator=generator).bfloat16()
@@ -133,17 +134,17 @@ def test_int4_bf16_decode_batches_match_the_torch_oracle(compiled, rows, inputs,
     assert bool(((actual.float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
 
 
-@pytest.mark.skipif(not AMX, reason="no AMX tiles here: 9-32 bf16 rows of int4 take oneDNN's GEMM")
+@pytest.mark.skipif(not AMX, reason="no AMX tiles here: 9-64 bf16 rows of int4 take oneDNN's GEMM")
 def test_a_bf16_row_of_int4_on_the_tiles_does_not_depend_on_the_rows_beside_it(compiled):
-    """Each row is a column of tile C whose sums run alone: the same bits in a batch of 9, 16, 17 or 32 rows, and
-    wherever the row lies in it."""
+    """Each row is a column of a tile C whose sums run alone: the same bits in a batch of 9 to 64 rows, and wherever
+    the row lies in it."""
     weight = quantize_int4(torch.randn(64, 1088, generator=torch.Generator().manual_seed(5)))
-    x = torch.randn(32, 1088, generator=torch.Generator().manual_seed(6)).bfloat16()
+    x = torch.randn(64, 1088, generator=torch.Generator().manual_seed(6)).bfloat16()
     whole = compiled.int4_linear(x, *weight.tensors)
-    for rows in (9, 16, 17, 31):
+    for rows in (9, 16, 17, 31, 33, 48, 63):
         assert torch.equal(compiled.int4_linear(x[:rows], *weight.tensors), whole[:rows]), rows
         assert torch.equal(compiled.int4_linear(x[-rows:], *weight.tensors), whole[-rows:]), rows
-    order = torch.randperm(32, generator=torch.Generator().manual_seed(7))
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(7))
     assert torch.equal(compiled.int4_linear(x[order], *weight.tensors), whole[order])
 
 

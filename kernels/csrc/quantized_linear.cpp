@@ -10,7 +10,7 @@
 // row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its
 // block's largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
 // tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h), but for
-// bf16 rows past eight, which take int4 dequantised into AMX's bf16 tiles up to 32 rows (int4_amx_bf16.h). More rows:
+// bf16 rows past eight, which take int4 dequantised into AMX's bf16 tiles up to 64 rows (int4_amx_bf16.h). More rows:
 // with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else a
 // task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that stays
 // in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators, each
