@@ -187,13 +187,14 @@ def test_int8_spans_and_groups_match_the_torch_oracle(compiled, rows, outputs, i
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-@pytest.mark.parametrize("rows", [2, 3, 5, 12])
-def test_a_non_finite_input_makes_every_output_non_finite(compiled, method, bad, rows):
+@pytest.mark.parametrize(("rows", "dtype"), [(2, torch.float32), (3, torch.float32), (5, torch.float32),
+                                             (12, torch.float32), (12, torch.bfloat16), (40, torch.bfloat16)])
+def test_a_non_finite_input_makes_every_output_non_finite(compiled, method, bad, rows, dtype):
     """As in the oracle: the few-rows path's rounding to integers must not turn a NaN or an infinity into a number,
-    nor spill into the other rows (where the CPU has AMX, three rows of int8 and five of int4 share tiles, and rows
-    past eight a second B tile)."""
+    nor spill into the other rows (where the CPU has AMX, three rows of int8 and five of int4 share tiles, rows
+    past eight a second B tile, and bf16 rows of int4 past eight a column of tile C each)."""
     weight = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(2)), method)
-    x = torch.randn(rows, 576)
+    x = torch.randn(rows, 576).to(dtype)
     x[1, 100] = bad
     y = getattr(compiled, f"{method}_linear")(x, *weight.tensors)
     finite = y.isfinite()
