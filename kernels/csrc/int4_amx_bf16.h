@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "amx_tiles.h"
@@ -59,15 +58,48 @@ inline bool int4_bf16_tiles_fit(int64_t R, int64_t N) {
   return R >= kInt4Bf16TilesFirstRow && R <= kInt4Bf16TilesLastRow && N % 16 == 0 && amx::usable();
 }
 
-// x's bf16 rows as B tiles [row groups of 16, K / 2 feature pairs, 16 rows], each pair one uint32; rows past R zero.
+// The 16 x 16 dwords of `rows` transposed in place: rows[j] becomes column j.
+inline void transpose_dwords(__m512i (&rows)[16]) {
+  __m512i pairs[16], quads[16];
+  for (int i = 0; i < 16; i += 2) {
+    pairs[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
+    pairs[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
+  }
+  // quads[4 * i + c]: in each 128-bit lane l, rows 4i to 4i + 3 of column 4l + c.
+  for (int i = 0; i < 16; i += 4) {
+    quads[i] = _mm512_unpacklo_epi64(pairs[i], pairs[i + 2]);
+    quads[i + 1] = _mm512_unpackhi_epi64(pairs[i], pairs[i + 2]);
+    quads[i + 2] = _mm512_unpacklo_epi64(pairs[i + 1], pairs[i + 3]);
+    quads[i + 3] = _mm512_unpackhi_epi64(pairs[i + 1], pairs[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i low_lanes = _mm512_shuffle_i32x4(quads[c], quads[4 + c], 0x44);
+    const __m512i high_lanes = _mm512_shuffle_i32x4(quads[c], quads[4 + c], 0xEE);
+    const __m512i low_lanes_below = _mm512_shuffle_i32x4(quads[8 + c], quads[12 + c], 0x44);
+    const __m512i high_lanes_below = _mm512_shuffle_i32x4(quads[8 + c], quads[12 + c], 0xEE);
+    rows[c] = _mm512_shuffle_i32x4(low_lanes, low_lanes_below, 0x88);
+    rows[4 + c] = _mm512_shuffle_i32x4(low_lanes, low_lanes_below, 0xDD);
+    rows[8 + c] = _mm512_shuffle_i32x4(high_lanes, high_lanes_below, 0x88);
+    rows[12 + c] = _mm512_shuffle_i32x4(high_lanes, high_lanes_below, 0xDD);
+  }
+}
+
+// x's bf16 rows as B tiles [row groups of 16, K / 2 feature pairs, 16 rows], each pair one dword; rows past R
+// zero. 16 rows' 16 pairs at a time, transposed in registers.
 inline std::vector<uint32_t> rows_as_pair_tiles(const at::BFloat16* xp, int64_t ldx, int64_t R, int64_t K) {
   const int64_t row_groups = (R + kBf16TileRowsOfX - 1) / kBf16TileRowsOfX, pairs = K / 2;
-  std::vector<uint32_t> tiles(row_groups * pairs * kBf16TileRowsOfX, 0);
-  for (int64_t r = 0; r < R; ++r) {
-    uint32_t* column = tiles.data() + (r / kBf16TileRowsOfX * pairs) * kBf16TileRowsOfX + r % kBf16TileRowsOfX;
-    const at::BFloat16* x = xp + r * ldx;
-    for (int64_t p = 0; p < pairs; ++p) std::memcpy(column + p * kBf16TileRowsOfX, x + 2 * p, 4);
-  }
+  std::vector<uint32_t> tiles(row_groups * pairs * kBf16TileRowsOfX);
+  for (int64_t group = 0; group < row_groups; ++group)
+    for (int64_t p = 0; p < pairs; p += 16) {
+      __m512i block[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t r = group * kBf16TileRowsOfX + i;
+        block[i] = r < R ? _mm512_loadu_si512(xp + r * ldx + 2 * p) : _mm512_setzero_si512();
+      }
+      transpose_dwords(block);
+      for (int64_t j = 0; j < 16; ++j)
+        _mm512_storeu_si512(tiles.data() + (group * pairs + p + j) * kBf16TileRowsOfX, block[j]);
+    }
   return tiles;
 }
 
