@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "amx_pairs.h"
 #include "amx_tiles.h"
 #include "lane_sums.h"
 
@@ -58,32 +59,6 @@ inline bool int4_bf16_tiles_fit(int64_t R, int64_t N) {
   return R >= kInt4Bf16TilesFirstRow && R <= kInt4Bf16TilesLastRow && N % 16 == 0 && amx::usable();
 }
 
-// The 16 x 16 dwords of `rows` transposed in place: rows[j] becomes column j.
-inline void transpose_dwords(__m512i (&rows)[16]) {
-  __m512i pairs[16], quads[16];
-  for (int i = 0; i < 16; i += 2) {
-    pairs[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
-    pairs[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
-  }
-  // quads[4 * i + c]: in each 128-bit lane l, rows 4i to 4i + 3 of column 4l + c.
-  for (int i = 0; i < 16; i += 4) {
-    quads[i] = _mm512_unpacklo_epi64(pairs[i], pairs[i + 2]);
-    quads[i + 1] = _mm512_unpackhi_epi64(pairs[i], pairs[i + 2]);
-    quads[i + 2] = _mm512_unpacklo_epi64(pairs[i + 1], pairs[i + 3]);
-    quads[i + 3] = _mm512_unpackhi_epi64(pairs[i + 1], pairs[i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i low_lanes = _mm512_shuffle_i32x4(quads[c], quads[4 + c], 0x44);
-    const __m512i high_lanes = _mm512_shuffle_i32x4(quads[c], quads[4 + c], 0xEE);
-    const __m512i low_lanes_below = _mm512_shuffle_i32x4(quads[8 + c], quads[12 + c], 0x44);
-    const __m512i high_lanes_below = _mm512_shuffle_i32x4(quads[8 + c], quads[12 + c], 0xEE);
-    rows[c] = _mm512_shuffle_i32x4(low_lanes, low_lanes_below, 0x88);
-    rows[4 + c] = _mm512_shuffle_i32x4(low_lanes, low_lanes_below, 0xDD);
-    rows[8 + c] = _mm512_shuffle_i32x4(high_lanes, high_lanes_below, 0x88);
-    rows[12 + c] = _mm512_shuffle_i32x4(high_lanes, high_lanes_below, 0xDD);
-  }
-}
-
 // x's bf16 rows as B tiles [row groups of 16, K / 2 feature pairs, 16 rows], each pair one dword; rows past R
 // zero. 16 rows' 16 pairs at a time, transposed in registers.
 inline std::vector<uint32_t> rows_as_pair_tiles(const at::BFloat16* xp, int64_t ldx, int64_t R, int64_t K) {
@@ -96,7 +71,7 @@ inline std::vector<uint32_t> rows_as_pair_tiles(const at::BFloat16* xp, int64_t 
         const int64_t r = group * kBf16TileRowsOfX + i;
         block[i] = r < R ? _mm512_loadu_si512(xp + r * ldx + 2 * p) : _mm512_setzero_si512();
       }
-      transpose_dwords(block);
+      transpose16(block);
       for (int64_t j = 0; j < 16; ++j)
         _mm512_storeu_si512(tiles.data() + (group * pairs + p + j) * kBf16TileRowsOfX, block[j]);
     }
