@@ -73,6 +73,14 @@ inline void prefetch_ahead(const void* row, int64_t bytes, const void* end) {
   prefetch_lines(from, std::min<int64_t>(bytes, static_cast<const char*>(end) - from));
 }
 
+// The lines of `bytes` from `row`: each one kPrefetchBytes ahead into L1 and eight times that ahead into L2, up to
+// `end`, as prefetch_line_near_and_far does.
+inline void prefetch_ahead_near_and_far(const void* row, int64_t bytes, const void* end) {
+  const char* from = static_cast<const char*>(row);
+  for (int64_t line = 0; line < bytes; line += 64)
+    prefetch_line_near_and_far<kPrefetchBytes, 8 * kPrefetchBytes>(from + line, static_cast<const char*>(end));
+}
+
 inline float horizontal_sum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
