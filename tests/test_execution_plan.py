@@ -69,7 +69,7 @@ def test_both_decode_paths_run_as_planned_and_give_the_same_tokens(smollm_folder
     ("engine", "kernel", "reason"),
     [
         ({"dtype": "float32", "weight_dtype": "float32"}, "torch", "weights the compiled loop does not take"),
-        pytest.param({"dtype": "bfloat16", "batch_invariant": True}, "bf16-row-invariant-cpp", "batch-invariant mode",
+        pytest.param({"dtype": "bfloat16", "batch_invariant": True}, "row-invariant", "batch-invariant mode",
                      marks=needs_compiler, id="batch-invariant"),
     ],
 )
@@ -77,7 +77,7 @@ def test_plans_the_one_call_loop_cannot_take_keep_the_layer_loop_and_say_why(smo
     llm = LLM(model=str(smollm_folder), **engine, **ENGINE)
     assert_plan_is_what_runs(llm, "layer-loop")
     plan = llm.engine.runner.plan
-    assert plan.linear_kernels["qkv"] == kernel and reason in plan.decode_path_reason
+    assert kernel in plan.linear_kernels["qkv"] and reason in plan.decode_path_reason
     assert len(tokens(llm)[0]) == PARAMS.max_tokens
     with pytest.raises(ValueError, match=f"--decode-path one-call cannot run this model here: .*{reason}"):
         LLM(model=str(smollm_folder), decode_path="one-call", **engine, **ENGINE)

@@ -20,6 +20,8 @@ from server.models.linear import (
     DenseLinear,
     Fp16WeightLinear,
     QuantizedLinear,
+    RowInvariantAmxBf16Linear,
+    RowInvariantBf16Linear,
     SiluMulOfGateUp,
     make_linear,
     silu_mul_fuses_into,
@@ -249,6 +251,38 @@ def test_bf16_layers_on_amx_take_weights_packed_once_and_equal_an_fp32_product(r
     assert isinstance(quantized, QuantizedLinear), "a quantised output layer stays whole on AMX too"
     expected = reference.int8_linear(x.float(), *quantized.weight.tensors)
     assert bool(((quantized(x).float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
+
+
+@needs_amx
+def test_batch_invariant_layers_on_amx_take_the_tiles_at_every_row_count_and_a_row_keeps_its_bits():
+    """Batch-invariant mode on AMX: one to three rows too go to the tiles (the default takes the few-rows kernel
+    there, which sums in another order), the output layer stays whole, and the gate/up layer fuses SwiGLU at every
+    row count; a row gives the same bits alone, among others and in a batch of 70."""
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(70, 96, generator=generator).bfloat16()
+    gate_up = make_linear((torch.randn(2 * 160, 96, generator=generator) * 0.2).bfloat16(), torch.bfloat16,
+                          row_invariant=True)  # fmt: skip
+    wide_weight = torch.randn(CHUNKED_OUTPUT_FEATURES + 96, 96, generator=generator).bfloat16()
+    wide = make_linear(wide_weight, torch.bfloat16, row_invariant=True)
+    assert isinstance(gate_up, RowInvariantAmxBf16Linear) and isinstance(wide, RowInvariantAmxBf16Linear)
+    assert silu_mul_fuses_into(gate_up) and "row-invariant" in gate_up.kernel_name
+    activated = SiluMulOfGateUp(gate_up, reference.silu_mul)
+    whole, whole_activated, whole_wide = gate_up(x), activated(x), wide(x)
+    assert_bf16_product(whole_wide, x, wide_weight)
+    for rows in (1, 2, 3, 5, 16, 17, 33):
+        for first in (0, 70 - rows):
+            part = x[first:first + rows]
+            assert torch.equal(gate_up(part), whole[first:first + rows]), (rows, first)
+            assert torch.equal(activated(part), whole_activated[first:first + rows]), (rows, first)
+            assert torch.equal(wide(part), whole_wide[first:first + rows]), (rows, first)
+    assert gate_up(x[:0]).shape == (0, 2 * 160)
+
+
+def test_batch_invariant_bf16_layers_without_amx_take_the_row_invariant_few_rows_kernel():
+    if COMPILED is None:
+        pytest.skip("no C++ compiler: batch-invariant mode has no bf16 kernel")
+    layer = make_linear(torch.randn(64, 64).bfloat16(), torch.bfloat16, row_invariant=True)
+    assert isinstance(layer, RowInvariantAmxBf16Linear if AMX else RowInvariantBf16Linear)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
