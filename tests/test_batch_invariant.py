@@ -4,7 +4,8 @@ The pieces are checked first: the row-invariant bf16 kernel gives a row the same
 attention backend gives a sequence the same bits alone, beside others, in one chunk or in many, decoding or
 prefilling. Then the whole engine, on the real SmolLM2 in bf16 and in fp32: a seeded request with ``n = 3`` (the
 choices share the prompt through the prefix cache) samples the same tokens alone, in the middle of a batch of other
-requests, and with a KV pool so small that requests are preempted and recomputed; and a served request's ``n``
+requests, with a KV pool so small that requests are preempted and recomputed, and with every step in the Python
+layer loop rather than the compiled decode loop; and a served request's ``n``
 seeded choices are the same alone and while other requests stream."""
 
 import concurrent.futures
@@ -114,10 +115,13 @@ def test_seeded_choices_are_the_same_alone_in_a_batch_and_when_preempted(smollm_
     if dtype == "float32" and not fp16_weight_gemm_available():
         pytest.skip("no fbgemm: fp32 compute has no fp16-weight GEMM here")
     llm = LLM(smollm_folder, dtype=dtype, max_num_seqs=32, batch_invariant=True)
-    assert llm.engine.runner.one_call is None and llm.engine.runner.plan.decode_path == "layer-loop"
+    # All-decode steps take the compiled loop, steps with prompt rows the layer loop: both in this mode's kernels.
+    assert llm.engine.runner.one_call is not None and llm.engine.runner.plan.decode_path == "one-call"
     alone = _choices(llm, 0)
     assert len({tuple(choice) for choice in alone}) > 1  # seed + choice: the choices are sampled, not copies
     assert _choices(llm, 24) == alone
+    looped = LLM(smollm_folder, dtype=dtype, max_num_seqs=32, batch_invariant=True, decode_path="layer-loop")
+    assert _choices(looped, 0) == alone
     small = LLM(smollm_folder, dtype=dtype, max_num_seqs=32, batch_invariant=True, kv_cache_memory=5 * 2**20)
     preempt = small.engine.scheduler._preempt
     preempted = []

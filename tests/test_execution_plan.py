@@ -51,6 +51,10 @@ def assert_plan_is_what_runs(llm: LLM, decode_path: str) -> None:
         pytest.param({"dtype": "bfloat16", "quantization": "int4"}, "int4-cpp", marks=needs_compiler, id="int4"),
         pytest.param({"dtype": "float32", "weight_dtype": "float32", "quantization": "int8"}, "int8-cpp",
                      marks=needs_compiler, id="int8-under-fp32"),
+        pytest.param({"dtype": "bfloat16", "batch_invariant": True}, "row-invariant", marks=needs_compiler,
+                     id="batch-invariant"),
+        pytest.param({"dtype": "float32", "weight_dtype": "float16", "batch_invariant": True}, "fbgemm-fp16",
+                     marks=needs_fbgemm, id="batch-invariant-fp32-over-fp16-weights"),
     ],
 )
 def test_both_decode_paths_run_as_planned_and_give_the_same_tokens(smollm_folder, engine, kernel):
@@ -69,8 +73,6 @@ def test_both_decode_paths_run_as_planned_and_give_the_same_tokens(smollm_folder
     ("engine", "kernel", "reason"),
     [
         ({"dtype": "float32", "weight_dtype": "float32"}, "torch", "weights the compiled loop does not take"),
-        pytest.param({"dtype": "bfloat16", "batch_invariant": True}, "row-invariant", "batch-invariant mode",
-                     marks=needs_compiler, id="batch-invariant"),
     ],
 )
 def test_plans_the_one_call_loop_cannot_take_keep_the_layer_loop_and_say_why(smollm_folder, engine, kernel, reason):

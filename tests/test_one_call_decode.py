@@ -91,7 +91,7 @@ def test_fp32_weights_keep_the_python_loop(llm_fp32):
 
 @needs_compiler
 def test_the_compiled_loop_refuses_weights_and_caches_it_cannot_take():
-    layers = COMPILED.DecodeLayers(9, 3, 64, 576, 1536, 1e-5, 0.125)
+    layers = COMPILED.DecodeLayers(9, 3, 64, 576, 1536, 1e-5, 0.125, False)
     norm = torch.ones(576, dtype=torch.bfloat16)
     table = torch.zeros(16, 64)
     wrong = torch.zeros(960, 576, dtype=torch.bfloat16)  # Q/K/V's size everywhere
@@ -103,4 +103,7 @@ def test_the_compiled_loop_refuses_weights_and_caches_it_cannot_take():
     caches = [torch.zeros(4, 16, 3, 64, dtype=torch.bfloat16)]
     slots, tables, lens = torch.zeros(2, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int32), torch.ones(2)
     with pytest.raises(RuntimeError, match="one K and one V cache per layer"):
-        layers.forward(hidden, hidden, torch.zeros(2, dtype=torch.int64), caches, caches, slots, tables, lens)
+        layers.forward(hidden, hidden, torch.zeros(2, dtype=torch.int64), caches, caches, slots, tables, lens, None)
+    with pytest.raises(RuntimeError, match="query_starts are given in batch-invariant mode, and only there"):
+        layers.forward(hidden, hidden, torch.zeros(2, dtype=torch.int64), [], [], slots, tables, lens,
+                       torch.arange(3, dtype=torch.int32))

@@ -3,7 +3,7 @@
 #include "cpu_kernels.h"
 
 DecodeLayers::DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
-                           int64_t intermediate_size, double eps, double scale)
+                           int64_t intermediate_size, double eps, double scale, bool batch_invariant)
     : num_heads_(num_heads),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
@@ -11,7 +11,8 @@ DecodeLayers::DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head
       intermediate_size_(intermediate_size),
       eps_(eps),
       scale_(scale),
-      few_rows_(few_rows_limit()) {}
+      batch_invariant_(batch_invariant),
+      few_rows_(batch_invariant ? 0 : few_rows_limit()) {}
 
 void DecodeLayers::add_layer(at::Tensor qkv, at::Tensor o_proj, at::Tensor gate_up, at::Tensor down,
                              at::Tensor mlp_norm, at::Tensor next_norm, at::Tensor cos, at::Tensor sin,
@@ -69,9 +70,11 @@ at::Tensor DecodeLayers::linear(const at::Tensor& x, const Layer& layer, Weight 
 
 // As the model's bf16 linears (server/models/linear.py) choose: weights packed for the tiles (AmxBf16WeightLinear)
 // take the few-rows kernel over that layout up to its limit and the tiles above it; plain [N, K] weights
-// (Bf16WeightLinear) the few-rows kernel and oneDNN's GEMM.
+// (Bf16WeightLinear) the few-rows kernel and oneDNN's GEMM. In batch-invariant mode, no few rows: the tiles at
+// every row count (RowInvariantAmxBf16Linear), or the row-invariant kernel (RowInvariantBf16Linear).
 at::Tensor DecodeLayers::bf16_linear(const at::Tensor& x, const at::Tensor& weight, int64_t out_features) const {
   const bool few = x.size(0) <= few_rows_;
+  if (weight.dim() == 2 && batch_invariant_) return row_invariant_linear(x, weight);
   if (weight.dim() == 2) return few ? few_rows_linear(x, weight) : at::linear(x, weight);
   return few ? amx_few_rows_linear(x, weight, out_features) : amx_linear(x, weight, out_features);
 }
@@ -86,9 +89,12 @@ at::Tensor DecodeLayers::swiglu(const at::Tensor& x, const Layer& layer) const {
 
 at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions,
                                  const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
-                                 at::Tensor slots, at::Tensor tables, at::Tensor lens) const {
+                                 at::Tensor slots, at::Tensor tables, at::Tensor lens,
+                                 std::optional<at::Tensor> query_starts) const {
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
               "one K and one V cache per layer");
+  TORCH_CHECK(query_starts.has_value() == batch_invariant_,
+              "query_starts are given in batch-invariant mode, and only there");
   const int64_t tokens = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
   for (size_t index = 0; index < layers_.size(); ++index) {
     const Layer& layer = layers_[index];
@@ -100,7 +106,10 @@ at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tenso
     rotary_(q, k, positions, layer.cos, layer.sin);
     store_kv(k, v, k_caches[index], v_caches[index], slots);
     const at::Tensor attended =
-        paged_decode_attention(q, k_caches[index], v_caches[index], tables, lens, scale_, layer.window);
+        batch_invariant_ ? paged_prefill_attention(q, k_caches[index], v_caches[index], tables, *query_starts, lens,
+                                                   scale_, layer.window, false)
+                         : paged_decode_attention(q, k_caches[index], v_caches[index], tables, lens, scale_,
+                                                  layer.window);
     normed = add_rms_norm_(hidden, linear(attended.reshape({tokens, q_size}), layer, kOProj), layer.mlp_norm, eps_);
     normed = add_rms_norm_(hidden, linear(swiglu(normed, layer), layer, kDown), layer.next_norm, eps_);
   }

@@ -9,14 +9,18 @@
 #include <ATen/native/quantized/PackedParams.h>
 
 #include <array>
+#include <optional>
 #include <vector>
 
 using PackedFp16Weight = c10::intrusive_ptr<LinearPackedParamsBase>;
 
 class DecodeLayers {
  public:
+  // batch_invariant: as batch-invariant mode's layers and attention, each row summed one way at any batch (bf16
+  // on AMX tiles at every row count, or the row-invariant few-rows kernel; a decoding row's attention as a
+  // one-token chunk of the paged prefill kernel).
   DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
-               int64_t intermediate_size, double eps, double scale);
+               int64_t intermediate_size, double eps, double scale, bool batch_invariant);
 
   // The next layer, given in order: the bf16 weights ([N, K], or packed) of Q/K/V, the output projection, gate/up
   // (gate's rows first) and down; the norm before its MLP and the one after it (the next layer's input norm, or the
@@ -36,10 +40,12 @@ class DecodeLayers {
 
   // One query token per row of hidden ([tokens, hidden_size], the residual stream, updated in place); normed is its
   // first input norm. The KV caches are the layers' in order; slots, tables and lens are the step's attention
-  // metadata for decode. Returns the last layer's output after the final norm.
+  // metadata for decode, or in batch-invariant mode for the prefill kernel, with query_starts (0, 1, ..., tokens).
+  // Returns the last layer's output after the final norm.
   at::Tensor forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions,
                      const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
-                     at::Tensor slots, at::Tensor tables, at::Tensor lens) const;
+                     at::Tensor slots, at::Tensor tables, at::Tensor lens,
+                     std::optional<at::Tensor> query_starts) const;
 
  private:
   enum Weight { kQkv, kOProj, kGateUp, kDown };
@@ -57,6 +63,7 @@ class DecodeLayers {
 
   int64_t num_heads_, num_kv_heads_, head_dim_, hidden_size_, intermediate_size_;
   double eps_, scale_;
+  bool batch_invariant_;
   int64_t few_rows_;
   std::vector<Layer> layers_;
 };

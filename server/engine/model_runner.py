@@ -97,7 +97,7 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
         at = torch.tensor(positions, dtype=torch.long, device=device)
         meta = self.model.attention.prepare(batch)
-        if self.one_call is not None and meta.num_decode_tokens == len(input_ids):
+        if self.one_call is not None and batch.num_decode_tokens == len(input_ids):
             return self.one_call(ids, at, self.kv_caches, meta)
         return self.model.forward(ids, at, self.kv_caches, meta)
 

@@ -17,10 +17,16 @@ from server.models.decoder import DecoderLayer, DecoderModel
 from server.models.linear import (
     AmxBf16WeightLinear,
     Bf16WeightLinear,
+    DenseLinear,
     Fp16WeightLinear,
     QuantizedLinear,
+    RowInvariantAmxBf16Linear,
+    RowInvariantBf16Linear,
     silu_mul_fuses_into,
 )
+
+# bf16 layers the compiled loop multiplies as they do (batch-invariant mode's included); not torch's DenseLinear.
+BF16_LINEARS = (AmxBf16WeightLinear, Bf16WeightLinear, RowInvariantAmxBf16Linear, RowInvariantBf16Linear)
 
 
 class OneCallDecode:
@@ -41,21 +47,24 @@ class OneCallDecode:
         """The last layer's output after the final norm, as ``DecoderModel.forward`` returns it (the layers'
         residual adds update the embeddings and their first norm in place)."""
         hidden, normed = self._model.embed_input(input_ids)
+        if self._model.attention.batch_invariant:  # the decoding rows as one-token chunks for the prefill kernel
+            attention = (meta.prefill_block_tables, meta.prefill_seq_lens, meta.prefill_cu_seqlens_q)
+        else:
+            attention = (meta.decode_block_tables, meta.decode_seq_lens, None)
         return self._layers.forward(
             hidden, normed, positions, [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
-            meta.decode_block_tables, meta.decode_seq_lens,
+            *attention,
         )
 
 
 def one_call_refusal(model: DecoderModel) -> str | None:
     """Why ``model``'s decode steps cannot take the one-call loop, or None where they can: a layer that needs what
     only the Python loop does (biases, QK-norm, output norms, GeGLU, weights other than bf16, fbgemm's fp16
-    or C++-quantised ones), or another attention backend, the batch-invariant one included."""
+    or C++-quantised ones), or another attention backend. In batch-invariant mode the compiled loop calls that
+    mode's kernels."""
     attention, config = model.attention, model.config
     if not isinstance(attention, CpuAttention):
         return f"the {attention.name} attention backend (the compiled loop runs the CPU kernels' attention)"
-    if attention.batch_invariant:
-        return "batch-invariant mode (its kernels sum each row in a fixed order; the compiled loop does not)"
     if model.layer_ops.name != "cpu":
         return f"the {model.layer_ops.name} layer ops (the compiled loop runs the CPU kernels' layer ops)"
     if config.hidden_act != "silu":
@@ -72,7 +81,7 @@ def build_one_call_decode(model: DecoderModel) -> OneCallDecode:
     config, layers = model.config, model.layers
     compiled = model.attention.compiled.DecodeLayers(
         config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size,
-        config.intermediate_size, config.rms_norm_eps, config.attention_scale,
+        config.intermediate_size, config.rms_norm_eps, config.attention_scale, model.attention.batch_invariant,
     )
     next_norms = [layer.input_norm for layer in layers[1:]] + [model.norm]
     for layer, next_norm, table, window in zip(layers, next_norms, model.rotary, config.layer_windows, strict=True):
@@ -88,7 +97,7 @@ def build_one_call_decode(model: DecoderModel) -> OneCallDecode:
     return OneCallDecode(model, compiled)
 
 
-OneCallLinear = AmxBf16WeightLinear | Bf16WeightLinear | Fp16WeightLinear | QuantizedLinear
+OneCallLinear = AmxBf16WeightLinear | DenseLinear | Fp16WeightLinear | QuantizedLinear
 
 
 def _weight(linear: OneCallLinear) -> Any:
@@ -96,13 +105,13 @@ def _weight(linear: OneCallLinear) -> Any:
     quantised codes and their scales (and minimums)."""
     if isinstance(linear, QuantizedLinear):
         return list(linear.weight.tensors)
-    return linear.weight if isinstance(linear, Bf16WeightLinear) else linear.packed
+    return linear.weight if isinstance(linear, DenseLinear) else linear.packed
 
 
 def _out_features(linear: OneCallLinear) -> int:
     if isinstance(linear, QuantizedLinear):
         return linear.weight.data.shape[0]
-    return linear.weight.shape[0] if isinstance(linear, Bf16WeightLinear) else linear.out_features
+    return linear.weight.shape[0] if isinstance(linear, DenseLinear) else linear.out_features
 
 
 def _compiled_quantized(linear: object) -> bool:
@@ -116,7 +125,7 @@ def _layer_refusal(layer: DecoderLayer, config: ModelConfig) -> str | None:
     ``config`` gives, with SwiGLU inside the gate/up kernel wherever the decoder puts it there."""
     attn, mlp = layer.attention, layer.mlp
     linears = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down)
-    bf16 = all(type(linear) in (AmxBf16WeightLinear, Bf16WeightLinear) for linear in linears)
+    bf16 = all(type(linear) in BF16_LINEARS for linear in linears)
     quantized = all(_compiled_quantized(linear) for linear in linears)
     if quantized and len({linear.kernel_name for linear in linears}) > 1:
         return "layers quantised by more than one method"
