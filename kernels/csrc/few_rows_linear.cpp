@@ -24,7 +24,7 @@ constexpr int64_t kBlock = 32;  // input features must come in multiples of this
 constexpr int64_t accumulators(int64_t rows) { return rows <= 3 ? 4 : rows <= 5 ? 2 : 1; }
 
 // x is widened to fp32 once, not once per output.
-template <int64_t R, int64_t A = accumulators(R)>
+template <int64_t R, int64_t A, bool IntoL2>
 void few_rows_into(const float* x, int64_t ldx, const at::BFloat16* w, int64_t K, int64_t N, at::BFloat16* y) {
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
     const at::BFloat16* end = w + last * K;
@@ -35,9 +35,9 @@ void few_rows_into(const float* x, int64_t ldx, const at::BFloat16* w, int64_t K
       for (auto& lanes : acc)
         for (auto& a : lanes) a = _mm256_setzero_ps();
       for (int64_t k = 0; k < K; k += 8 * A) {
-        // A line at a time, near and far, as the AVX512-BF16 kernel below: 0.63-0.68x the time at one to four
-        // rows on two Xeon cores, from L3.
-        if (k % 32 == 0) vigil::prefetch_ahead_near_and_far(row + k, 64, end);
+        // Where it pays, a line at a time near and far, as the AVX512-BF16 kernel below: 0.63-0.68x the time at
+        // one to four rows on two Xeon cores, from L3.
+        if (IntoL2 && k % 32 == 0) vigil::prefetch_ahead_near_and_far(row + k, 64, end);
         __m256 wv[A];
         for (int64_t i = 0; i < A; ++i) wv[i] = vigil::load8(row + k + 8 * i);
         for (int64_t r = 0; r < R; ++r)
@@ -66,7 +66,13 @@ void few_rows_into(const float* x, int64_t ldx, const at::BFloat16* w, int64_t K
 // Rows x accumulators + weights within the 32 AVX-512 registers.
 constexpr int64_t dot_accumulators(int64_t rows) { return rows <= 2 ? 4 : 2; }
 
-template <int64_t R, int64_t A = dot_accumulators(R)>
+template <bool IntoL2>
+inline void prefetch_weights(const at::BFloat16* from, int64_t bytes, const at::BFloat16* end) {
+  if constexpr (IntoL2) vigil::prefetch_ahead_near_and_far(from, bytes, end);
+  else vigil::prefetch_ahead(from, bytes, end);
+}
+
+template <int64_t R, int64_t A, bool IntoL2>
 void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w, int64_t K, int64_t N,
                        at::BFloat16* y) {
   at::parallel_for(0, N, 16, [&](int64_t first, int64_t last) {
@@ -79,9 +85,9 @@ void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w
       int64_t k = 0;
       for (; k + 32 * A <= K; k += 32 * A) {
         // Each step prefetches as many lines as it reads, not a whole row's at once: a row's burst stalls on the
-        // core's outstanding-miss slots (4 and 8 rows: 8-11% slower on two Xeon cores; one row alike). The lines
-        // 32 KB ahead go to L2 too: SmolLM2's layers 0.84-0.88x the time at one to eight rows there (from L3).
-        vigil::prefetch_ahead_near_and_far(row + k, 64 * A, end);
+        // core's outstanding-miss slots (4 and 8 rows: 8-11% slower on two Xeon cores; one row alike). Where it
+        // pays, the lines 32 KB ahead go to L2 too: SmolLM2's layers 0.77-0.88x the time at one to eight rows there.
+        prefetch_weights<IntoL2>(row + k, 64 * A, end);
         __m512bh wv[A];
         for (int64_t i = 0; i < A; ++i) wv[i] = (__m512bh)_mm512_loadu_si512(row + k + 32 * i);
         for (int64_t r = 0; r < R; ++r)
@@ -89,7 +95,7 @@ void few_rows_dot_bf16(const at::BFloat16* x, int64_t ldx, const at::BFloat16* w
             acc[r][i] = _mm512_dpbf16_ps(acc[r][i], wv[i], (__m512bh)_mm512_loadu_si512(x + r * ldx + k + 32 * i));
       }
       for (; k < K; k += 32) {
-        vigil::prefetch_ahead_near_and_far(row + k, 64, end);
+        prefetch_weights<IntoL2>(row + k, 64, end);
         const __m512bh wv = (__m512bh)_mm512_loadu_si512(row + k);
         for (int64_t r = 0; r < R; ++r)
           acc[r][0] = _mm512_dpbf16_ps(acc[r][0], wv, (__m512bh)_mm512_loadu_si512(x + r * ldx + k));
@@ -141,6 +147,7 @@ template <bool Fixed, int64_t A>
 void in_row_slices(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t M = x.size(0), K = w.size(1), N = w.size(0);
   const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
+  const bool into_l2 = vigil::l2_prefetch_pays();
 #ifndef VIGIL_AVX512_BF16
   const at::Tensor xs = x.to(at::kFloat);
   const float* xp = xs.data_ptr<float>();
@@ -154,11 +161,13 @@ void in_row_slices(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
     vigil::with_rows<kMaxRows>(std::min(kMaxRows, M - first), [&](auto rows) {
       constexpr int64_t R = decltype(rows)::value;
 #ifdef VIGIL_AVX512_BF16
-      if constexpr (Fixed) few_rows_dot_bf16<R, A>(xr, xs.stride(0), wp, K, N, yp);
-      else few_rows_dot_bf16<R>(xr, xs.stride(0), wp, K, N, yp);
+      constexpr int64_t accs = Fixed ? A : dot_accumulators(R);
+      if (into_l2) few_rows_dot_bf16<R, accs, true>(xr, xs.stride(0), wp, K, N, yp);
+      else few_rows_dot_bf16<R, accs, false>(xr, xs.stride(0), wp, K, N, yp);
 #else
-      if constexpr (Fixed) few_rows_into<R, A>(xr, xs.stride(0), wp, K, N, yp);
-      else few_rows_into<R>(xr, xs.stride(0), wp, K, N, yp);
+      constexpr int64_t accs = Fixed ? A : accumulators(R);
+      if (into_l2) few_rows_into<R, accs, true>(xr, xs.stride(0), wp, K, N, yp);
+      else few_rows_into<R, accs, false>(xr, xs.stride(0), wp, K, N, yp);
 #endif
     });
   }

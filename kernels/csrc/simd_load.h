@@ -73,6 +73,14 @@ inline void prefetch_ahead(const void* row, int64_t bytes, const void* end) {
   prefetch_lines(from, std::min<int64_t>(bytes, static_cast<const char*>(end) - from));
 }
 
+// Whether streaming weights pays for a second prefetch, into L2 from further ahead, besides the one into L1: on
+// Intel's mesh L3 (two Emerald Rapids cores: the bf16 few-rows kernels 0.63-0.88x the time at one to eight rows),
+// not known to on AMD's (on Zen 5 a like prefetch cost int8's kernel 1.08-1.11x), where the kernels keep L1's.
+inline bool l2_prefetch_pays() {
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel;
+}
+
 // The lines of `bytes` from `row`: each one kPrefetchBytes ahead into L1 and eight times that ahead into L2, up to
 // `end`, as prefetch_line_near_and_far does.
 inline void prefetch_ahead_near_and_far(const void* row, int64_t bytes, const void* end) {
