@@ -278,7 +278,7 @@ def test_batch_invariant_layers_on_amx_take_the_tiles_at_every_row_count_and_a_r
     assert gate_up(x[:0]).shape == (0, 2 * 160)
 
 
-def test_batch_invariant_bf16_layers_without_amx_take_the_row_invariant_few_rows_kernel():
+def test_batch_invariant_bf16_layers_take_the_tiles_with_amx_and_the_row_invariant_kernel_without():
     if COMPILED is None:
         pytest.skip("no C++ compiler: batch-invariant mode has no bf16 kernel")
     layer = make_linear(torch.randn(64, 64).bfloat16(), torch.bfloat16, row_invariant=True)
