@@ -227,10 +227,11 @@ class CpuAttention(AttentionBackend):
     ) -> torch.Tensor:
         return self.compiled.paged_prefill_attention(
             q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
-            window or 0, self._on_tiles(meta),
+            window or 0, self.prompt_on_tiles(meta),
         )
 
-    def _on_tiles(self, meta: AttentionMetadata) -> bool:
+    def prompt_on_tiles(self, meta: AttentionMetadata) -> bool:
+        """Whether this step's prompt rows take the AMX tiles (the compiled layer loop asks too)."""
         return meta.prefill_max_query_len >= self.tiles_from_new_tokens
 
 
@@ -247,7 +248,7 @@ class BatchInvariantCpuAttention(CpuAttention):
     def prompt_attention(self) -> str:
         return "the paged kernel (never on AMX tiles: one kernel for every row)"
 
-    def _on_tiles(self, meta: AttentionMetadata) -> bool:
+    def prompt_on_tiles(self, meta: AttentionMetadata) -> bool:
         return False
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:

@@ -23,7 +23,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 # vLLM's names: fp8 is fp8_e4m3 (finer steps); fp8_e5m2 has a wider range. Neither takes scales.
 KV_CACHE_DTYPE_CHOICES = (*DTYPE_CHOICES, "fp8", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("int8", "int4")
-# How decode steps run (server/engine/execution_plan.py): "auto" takes the one-call loop wherever it can.
+# How steps run (server/engine/execution_plan.py): "auto" takes the one-call loop wherever it can.
 DECODE_PATHS = ("auto", "one-call", "cuda-graphs", "layer-loop")
 
 

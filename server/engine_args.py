@@ -64,11 +64,11 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
                             "seed give the same output alone or under load (CPU kernels, bf16 or fp32, no "
                             "quantization; slower, see docs/api.md)")
     group.add_argument("--decode-path", choices=DECODE_PATHS, default="auto",
-                       help="how decode steps run: one-call (every layer in one compiled call, where the model and "
-                            "CPU kernels allow), cuda-graphs (the layer loop captured in a CUDA graph per batch size "
-                            "at start and replayed; CUDA, one process), layer-loop (the Python loop over the "
-                            "layers), or auto (one-call wherever it can, else layer-loop); --print-plan shows the "
-                            "choice")
+                       help="how steps run: one-call (every layer of every step, prompts too, in one compiled "
+                            "call, where the model and CPU kernels allow), cuda-graphs (decode steps' layer loop "
+                            "captured in a CUDA graph per batch size at start and replayed; CUDA, one process), "
+                            "layer-loop (the Python loop over the layers), or auto (one-call wherever it can, else "
+                            "layer-loop); --print-plan shows the choice")
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
 
 

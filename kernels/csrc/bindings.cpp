@@ -50,7 +50,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_rows_limit", &few_rows_limit, "The rows up to which few_rows_linear beats a bf16 GEMM here");
   // module_local: every ISA variant is its own extension with this same type, and a process may load several.
   pybind11::class_<DecodeLayers>(m, "DecodeLayers", pybind11::module_local(),
-                                 "Every decoder layer of a decode step in one call (bf16, int8 or int4, or fp16 under fp32)")
+                                 "Every decoder layer of a step in one call (bf16, int8 or int4, or fp16 under fp32)")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, bool>())
       .def("add_layer", &DecodeLayers::add_layer)
       .def("add_fp16_layer",

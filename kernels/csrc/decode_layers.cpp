@@ -89,13 +89,31 @@ at::Tensor DecodeLayers::swiglu(const at::Tensor& x, const Layer& layer) const {
 
 at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions,
                                  const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
-                                 at::Tensor slots, at::Tensor tables, at::Tensor lens,
-                                 std::optional<at::Tensor> query_starts) const {
+                                 at::Tensor slots, at::Tensor decode_tables, at::Tensor decode_lens,
+                                 at::Tensor prefill_tables, at::Tensor query_starts, at::Tensor prefill_lens,
+                                 bool prompt_tiles) const {
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
               "one K and one V cache per layer");
-  TORCH_CHECK(query_starts.has_value() == batch_invariant_,
-              "query_starts are given in batch-invariant mode, and only there");
-  const int64_t tokens = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  const int64_t tokens = hidden.size(0), decoding = decode_lens.size(0);
+  TORCH_CHECK(decoding <= tokens, "more decoding rows than tokens");
+  const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  // As AttentionBackend.forward: the decoding rows through the decode kernel, the prompt chunks after them through
+  // the prefill kernel, each into its rows of one output.
+  const auto attend = [&](const at::Tensor& q, size_t index, int64_t window) {
+    const at::Tensor &k_cache = k_caches[index], &v_cache = v_caches[index];
+    const auto decode = [&](const at::Tensor& rows) {
+      return paged_decode_attention(rows, k_cache, v_cache, decode_tables, decode_lens, scale_, window);
+    };
+    const auto prefill = [&](const at::Tensor& rows) {
+      return paged_prefill_attention(rows, k_cache, v_cache, prefill_tables, query_starts, prefill_lens, scale_,
+                                     window, prompt_tiles);
+    };
+    if (decoding == tokens) return decode(q);
+    at::Tensor out = at::empty_like(q);
+    if (decoding) out.narrow(0, 0, decoding).copy_(decode(q.narrow(0, 0, decoding)));
+    out.narrow(0, decoding, tokens - decoding).copy_(prefill(q.narrow(0, decoding, tokens - decoding)));
+    return out;
+  };
   for (size_t index = 0; index < layers_.size(); ++index) {
     const Layer& layer = layers_[index];
     const at::Tensor qkv = linear(normed, layer, kQkv);
@@ -105,11 +123,7 @@ at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tenso
     const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
     rotary_(q, k, positions, layer.cos, layer.sin);
     store_kv(k, v, k_caches[index], v_caches[index], slots);
-    const at::Tensor attended =
-        batch_invariant_ ? paged_prefill_attention(q, k_caches[index], v_caches[index], tables, *query_starts, lens,
-                                                   scale_, layer.window, false)
-                         : paged_decode_attention(q, k_caches[index], v_caches[index], tables, lens, scale_,
-                                                  layer.window);
+    const at::Tensor attended = attend(q, index, layer.window);
     normed = add_rms_norm_(hidden, linear(attended.reshape({tokens, q_size}), layer, kOProj), layer.mlp_norm, eps_);
     normed = add_rms_norm_(hidden, linear(swiglu(normed, layer), layer, kDown), layer.next_norm, eps_);
   }

@@ -1,4 +1,4 @@
-// Every decoder layer of a decode step in one call from Python, for llama-style layers (no biases, no Q/K or
+// Every decoder layer of a step (decoding rows, prompt chunks, or both) in one call from Python, for llama-style layers (no biases, no Q/K or
 // output norms, SwiGLU) over bf16 weights, plain or packed for AMX tiles (amx_pack_weight), over fp16 weights
 // packed for fbgemm under fp32 compute, or over int8 or int4 weights (quantized_linear.cpp). It calls the kernels that server/models/decoder.py calls, in the same order
 // and on the same tensors, so its result is the same bits; what it saves is Python's part of each layer (about 7 ms
@@ -9,16 +9,14 @@
 #include <ATen/native/quantized/PackedParams.h>
 
 #include <array>
-#include <optional>
 #include <vector>
 
 using PackedFp16Weight = c10::intrusive_ptr<LinearPackedParamsBase>;
 
 class DecodeLayers {
  public:
-  // batch_invariant: as batch-invariant mode's layers and attention, each row summed one way at any batch (bf16
-  // on AMX tiles at every row count, or the row-invariant few-rows kernel; a decoding row's attention as a
-  // one-token chunk of the paged prefill kernel).
+  // batch_invariant: as batch-invariant mode's layers, each row summed one way at any batch (bf16 on AMX tiles at
+  // every row count, or the row-invariant few-rows kernel).
   DecodeLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
                int64_t intermediate_size, double eps, double scale, bool batch_invariant);
 
@@ -39,13 +37,14 @@ class DecodeLayers {
                            at::Tensor next_norm, at::Tensor cos, at::Tensor sin, int64_t window);
 
   // One query token per row of hidden ([tokens, hidden_size], the residual stream, updated in place); normed is its
-  // first input norm. The KV caches are the layers' in order; slots, tables and lens are the step's attention
-  // metadata for decode, or in batch-invariant mode for the prefill kernel, with query_starts (0, 1, ..., tokens).
-  // Returns the last layer's output after the final norm.
+  // first input norm. The KV caches are the layers' in order. The rest is the step's attention metadata
+  // (kernels/backend.py): the first decode_lens.size(0) rows decode, each over its row of decode_tables; the rest
+  // are prompt chunks for the paged prefill kernel, sequence i's rows query_starts[i] to query_starts[i + 1] of
+  // them, on AMX tiles where prompt_tiles. Returns the last layer's output after the final norm.
   at::Tensor forward(at::Tensor hidden, at::Tensor normed, at::Tensor positions,
                      const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
-                     at::Tensor slots, at::Tensor tables, at::Tensor lens,
-                     std::optional<at::Tensor> query_starts) const;
+                     at::Tensor slots, at::Tensor decode_tables, at::Tensor decode_lens, at::Tensor prefill_tables,
+                     at::Tensor query_starts, at::Tensor prefill_lens, bool prompt_tiles) const;
 
  private:
   enum Weight { kQkv, kOProj, kGateUp, kDown };

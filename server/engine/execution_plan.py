@@ -14,8 +14,8 @@ from server.models.one_call_decode import OneCallDecode, build_one_call_decode, 
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    decode_path: str  # "one-call": a decode step's layers in one compiled call; "cuda-graphs": the layer loop
-    # captured in a CUDA graph per batch size and replayed; "layer-loop": the Python loop
+    decode_path: str  # "one-call": every step's layers, prompt rows too, in one compiled call; "cuda-graphs": the
+    # layer loop captured in a CUDA graph per batch size and replayed for decode steps; "layer-loop": the Python loop
     decode_path_reason: str
     decode_graph_sizes: tuple[int, ...]  # the batch sizes captured under "cuda-graphs"; empty otherwise
     attention: str  # the attention backend: "cpu", "cpu-batch-invariant", "triton" or "torch"

@@ -52,8 +52,8 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        """``one_call``: the compiled decode loop, where ``plan`` takes it; decode steps are captured in CUDA
-        graphs here where it says so."""
+        """``one_call``: the compiled layer loop, which runs every step's layers where ``plan`` takes it; decode
+        steps are captured in CUDA graphs here where it says so."""
         self.model = model
         self.plan = plan
         self.one_call = one_call
@@ -97,7 +97,7 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
         at = torch.tensor(positions, dtype=torch.long, device=device)
         meta = self.model.attention.prepare(batch)
-        if self.one_call is not None and batch.num_decode_tokens == len(input_ids):
+        if self.one_call is not None:
             return self.one_call(ids, at, self.kv_caches, meta)
         return self.model.forward(ids, at, self.kv_caches, meta)
 

@@ -114,7 +114,7 @@ class DecoderModel:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states after the final norm, one row per input token: the Python loop over the layers (the
-        execution plan may run a decode step's layers in one compiled call instead: one_call_decode.py)."""
+        execution plan may run a step's layers in one compiled call instead: one_call_decode.py)."""
         hidden, normed = self.embed_input(input_ids)
         ops, eps = self.layer_ops, self.config.rms_norm_eps
         next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]

@@ -1,11 +1,12 @@
-"""Every decoder layer of a decode step in one C++ call (kernels/csrc/decode_layers.h), for plain llama-style
+"""Every decoder layer of a step (decoding rows, prompt chunks or both) in one C++ call
+(kernels/csrc/decode_layers.h), for plain llama-style
 layers over bf16 weights (packed for AMX tiles, or plain for the few-rows kernel and oneDNN), over fp16 weights
 packed for fbgemm under fp32 compute, or over int8 or int4 weights that the C++ quantised kernels multiply, with
 the CPU kernels running attention and the layer ops. Between its kernels
 ``DecoderModel.forward`` spends Python's time on each layer: about 7 ms of a 48-65 ms decode step at batch 64 on
-two Xeon cores, and 3 of 18 ms at one stream in fp32. The C++ loop calls the same kernels in the same order on the
-same tensors, so its result is the same bits. The execution plan (server/engine/execution_plan.py) decides whether
-a model's decode steps take it."""
+two Xeon cores, 3 of 18 ms at one stream in fp32, and 3-5 ms of a 16- to 128-token prompt's 15-37 ms in bf16 on
+AMX. The C++ loop calls the same kernels in the same order on the same tensors, so its result is the same bits. The
+execution plan (server/engine/execution_plan.py) decides whether a model's steps take it."""
 
 from typing import Any
 
@@ -30,7 +31,7 @@ BF16_LINEARS = (AmxBf16WeightLinear, Bf16WeightLinear, RowInvariantAmxBf16Linear
 
 
 class OneCallDecode:
-    """A decode step's layers: the rows are one query token each, all decoding."""
+    """A step's layers: its decoding rows first, then its prompt chunks, as the attention metadata lists them."""
 
     def __init__(self, model: DecoderModel, compiled_layers: Any) -> None:
         self._model = model
@@ -47,18 +48,15 @@ class OneCallDecode:
         """The last layer's output after the final norm, as ``DecoderModel.forward`` returns it (the layers'
         residual adds update the embeddings and their first norm in place)."""
         hidden, normed = self._model.embed_input(input_ids)
-        if self._model.attention.batch_invariant:  # the decoding rows as one-token chunks for the prefill kernel
-            attention = (meta.prefill_block_tables, meta.prefill_seq_lens, meta.prefill_cu_seqlens_q)
-        else:
-            attention = (meta.decode_block_tables, meta.decode_seq_lens, None)
         return self._layers.forward(
             hidden, normed, positions, [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
-            *attention,
+            meta.decode_block_tables, meta.decode_seq_lens, meta.prefill_block_tables, meta.prefill_cu_seqlens_q,
+            meta.prefill_seq_lens, self._model.attention.prompt_on_tiles(meta),
         )
 
 
 def one_call_refusal(model: DecoderModel) -> str | None:
-    """Why ``model``'s decode steps cannot take the one-call loop, or None where they can: a layer that needs what
+    """Why ``model``'s steps cannot take the one-call loop, or None where they can: a layer that needs what
     only the Python loop does (biases, QK-norm, output norms, GeGLU, weights other than bf16, fbgemm's fp16
     or C++-quantised ones), or another attention backend. In batch-invariant mode the compiled loop calls that
     mode's kernels."""
