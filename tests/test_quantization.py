@@ -119,10 +119,10 @@ def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, 
     assert bool(((actual.float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
 
 
-@pytest.mark.parametrize("rows", [9, 12, 16, 17, 32, 33, 48, 64])
+@pytest.mark.parametrize("rows", [4, 5, 8, 9, 12, 16, 17, 32, 33, 48, 64])
 @pytest.mark.parametrize(("inputs", "group_size"), [(576, 32), (4224, 64)])
 def test_int4_bf16_decode_batches_match_the_torch_oracle(compiled, rows, inputs, group_size):
-    """Nine to 64 bf16 rows of int4 against outputs in sixteens, as a decode batch of 9-64 streams or a few streams'
+    """Four to 64 bf16 rows of int4 against outputs in sixteens, as a decode batch of 4-64 streams or a few streams'
     speculative rows sends them: with AMX each block dequantised into a bf16 tile and multiplied by the rows' B tiles
     (16 rows a tile, up to four), the block's scale and minimum in the weights, groups of two blocks sharing theirs."""
     generator = torch.Generator().manual_seed(rows + inputs)
@@ -134,14 +134,14 @@ def test_int4_bf16_decode_batches_match_the_torch_oracle(compiled, rows, inputs,
     assert bool(((actual.float() - expected).abs() <= 1e-2 * expected.abs().max()).all())
 
 
-@pytest.mark.skipif(not AMX, reason="no AMX tiles here: 9-64 bf16 rows of int4 take oneDNN's GEMM")
+@pytest.mark.skipif(not AMX, reason="no AMX tiles here: 4-64 bf16 rows of int4 take other kernels")
 def test_a_bf16_row_of_int4_on_the_tiles_does_not_depend_on_the_rows_beside_it(compiled):
-    """Each row is a column of a tile C whose sums run alone: the same bits in a batch of 9 to 64 rows, and wherever
-    the row lies in it."""
+    """Each row is a column of a tile C whose sums run alone: the same bits in a batch of 4 to 64 rows, and wherever
+    the row lies in it (four to eight rows on the integer tiles or the vector kernel would round x otherwise)."""
     weight = quantize_int4(torch.randn(64, 1088, generator=torch.Generator().manual_seed(5)))
     x = torch.randn(64, 1088, generator=torch.Generator().manual_seed(6)).bfloat16()
     whole = compiled.int4_linear(x, *weight.tensors)
-    for rows in (9, 16, 17, 31, 33, 48, 63):
+    for rows in (4, 5, 8, 9, 16, 17, 31, 33, 48, 63):
         assert torch.equal(compiled.int4_linear(x[:rows], *weight.tensors), whole[:rows]), rows
         assert torch.equal(compiled.int4_linear(x[-rows:], *weight.tensors), whole[-rows:]), rows
     order = torch.randperm(64, generator=torch.Generator().manual_seed(7))
@@ -192,7 +192,7 @@ def test_int8_spans_and_groups_match_the_torch_oracle(compiled, rows, outputs, i
 def test_a_non_finite_input_makes_every_output_non_finite(compiled, method, bad, rows, dtype):
     """As in the oracle: the few-rows path's rounding to integers must not turn a NaN or an infinity into a number,
     nor spill into the other rows (where the CPU has AMX, three rows of int8 and five of int4 share tiles, rows
-    past eight a second B tile, and bf16 rows of int4 past eight a column of tile C each)."""
+    past eight a second B tile, and bf16 rows of int4 from four a column of tile C each)."""
     weight = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(2)), method)
     x = torch.randn(rows, 576).to(dtype)
     x[1, 100] = bad

@@ -1,4 +1,4 @@
-// int4 weights times nine to 64 bf16 rows of x on AMX's bf16 tiles. Each block of 32 features of 16 outputs is
+// int4 weights times four to 64 bf16 rows of x on AMX's bf16 tiles. Each block of 32 features of 16 outputs is
 // dequantised in registers (code * scale + min, rounded to bf16, as the prompts' path rounds it) straight into tile A,
 // 16 outputs by 32 features in the codes' own order, so nothing is transposed; x is laid out once a call as B tiles
 // of bf16 feature pairs, 16 rows a tile, up to four. Q4_1's scale and minimum per 32 features are then in the
@@ -9,8 +9,10 @@
 // SmolLM2's 120 layers on two Emerald Rapids cores, weights in L3, against the integer tiles at 9 to 16 rows and
 // the bf16 column pairs (amx_pairs.h, which transpose every weight into B) past 16: 0.57-0.58x the time at 9 and 16
 // rows (16: 7.1 against 12.4 ms; the default's bf16 tiles take about 10.4), 0.64-0.65x at 24 and 32, 0.68-0.74x at
-// 33 to 64, the output layer 0.47-0.58x. At eight rows the first version took 0.96x the integer tiles' time, within
-// the noise, so five to eight rows keep those. Even and odd blocks summed in two C tiles a row group: no faster.
+// 33 to 64, the output layer 0.47-0.58x. At eight rows the first version took 0.96x the integer tiles' time; with
+// the codes looked up by one vpermw and x transposed in registers, 0.80-0.84x at five to eight rows and 0.91-0.94x
+// the vector kernel's at four (the output layer 0.74-0.81x), but 1.05x at three and twice its time at one and two,
+// which keep it. Even and odd blocks summed in two C tiles a row group: no faster.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -50,7 +52,7 @@ inline __m512i dequantised_codes_bf16(const uint8_t* bytes, __m512i values) {
 namespace vigil {
 
 constexpr int64_t kBf16TileRowsOfX = 16;
-constexpr int64_t kInt4Bf16TilesFirstRow = 9;
+constexpr int64_t kInt4Bf16TilesFirstRow = 4;
 constexpr int kMaxRowGroups = 4;  // C tiles, with two for A and two for B
 constexpr int64_t kInt4Bf16TilesLastRow = kMaxRowGroups * kBf16TileRowsOfX;
 

@@ -1,4 +1,4 @@
-// int4 weights times five to 16 rows of x on AMX tiles (bf16 rows past eight take int4_amx_bf16.h instead). Each block
+// int4 weights times five to 16 rows of x on AMX tiles (bf16 rows take int4_amx_bf16.h instead: fp32 rows these). Each block
 // of 32 features is a tile multiply of its own, as each has its weight scale: the 16 outputs' codes, unpacked from
 // nibbles to bytes, are tile A (16 outputs x 32 unsigned codes), and x the B tile (tile_rows.h: each row's high and low
 // signed bytes, eight rows a tile); one tdpbusd gives 16 outputs' high and low integer sums over the block for eight
