@@ -128,9 +128,10 @@ class AttentionBackend(ABC):
         num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
             return self.decode(q, k_cache, v_cache, meta, scale, window)
+        if not num_decode:
+            return self.prefill(q, k, v, k_cache, v_cache, meta, scale, window)
         out = torch.empty_like(q)
-        if num_decode:
-            out[:num_decode] = self.decode(q[:num_decode], k_cache, v_cache, meta, scale, window)
+        out[:num_decode] = self.decode(q[:num_decode], k_cache, v_cache, meta, scale, window)
         new = slice(num_decode, None)
         out[new] = self.prefill(q[new], k[new], v[new], k_cache, v_cache, meta, scale, window)
         return out

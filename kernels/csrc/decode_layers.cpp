@@ -98,7 +98,7 @@ at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tenso
   TORCH_CHECK(decoding <= tokens, "more decoding rows than tokens");
   const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
   // As AttentionBackend.forward: the decoding rows through the decode kernel, the prompt chunks after them through
-  // the prefill kernel, each into its rows of one output.
+  // the prefill kernel, each into its rows of one output where the step holds both.
   const auto attend = [&](const at::Tensor& q, size_t index, int64_t window) {
     const at::Tensor &k_cache = k_caches[index], &v_cache = v_caches[index];
     const auto decode = [&](const at::Tensor& rows) {
@@ -109,8 +109,9 @@ at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tenso
                                      window, prompt_tiles);
     };
     if (decoding == tokens) return decode(q);
+    if (!decoding) return prefill(q);
     at::Tensor out = at::empty_like(q);
-    if (decoding) out.narrow(0, 0, decoding).copy_(decode(q.narrow(0, 0, decoding)));
+    out.narrow(0, 0, decoding).copy_(decode(q.narrow(0, 0, decoding)));
     out.narrow(0, decoding, tokens - decoding).copy_(prefill(q.narrow(0, decoding, tokens - decoding)));
     return out;
   };
