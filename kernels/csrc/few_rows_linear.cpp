@@ -160,15 +160,14 @@ void in_row_slices(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
     const auto* xr = xp + first * xs.stride(0);
     vigil::with_rows<kMaxRows>(std::min(kMaxRows, M - first), [&](auto rows) {
       constexpr int64_t R = decltype(rows)::value;
+      vigil::with_flag(into_l2, [&](auto l2) {
+        constexpr bool IntoL2 = decltype(l2)::value;
 #ifdef VIGIL_AVX512_BF16
-      constexpr int64_t accs = Fixed ? A : dot_accumulators(R);
-      if (into_l2) few_rows_dot_bf16<R, accs, true>(xr, xs.stride(0), wp, K, N, yp);
-      else few_rows_dot_bf16<R, accs, false>(xr, xs.stride(0), wp, K, N, yp);
+        few_rows_dot_bf16<R, Fixed ? A : dot_accumulators(R), IntoL2>(xr, xs.stride(0), wp, K, N, yp);
 #else
-      constexpr int64_t accs = Fixed ? A : accumulators(R);
-      if (into_l2) few_rows_into<R, accs, true>(xr, xs.stride(0), wp, K, N, yp);
-      else few_rows_into<R, accs, false>(xr, xs.stride(0), wp, K, N, yp);
+        few_rows_into<R, Fixed ? A : accumulators(R), IntoL2>(xr, xs.stride(0), wp, K, N, yp);
 #endif
+      });
     });
   }
 }

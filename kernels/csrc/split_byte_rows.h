@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "compile_time_rows.h"
 #include "rounded_block.h"
 
 #ifdef VIGIL_AVX2
@@ -54,10 +55,7 @@ inline void split_block_bytes(const RoundedBlock& block, __m256i& high_bytes, __
 // as one; else f(std::false_type{}).
 template <typename F>
 void with_adjacent_scales(int64_t group_size, const F& f) {
-  if (group_size == 32)
-    f(std::true_type{});
-  else
-    f(std::false_type{});
+  with_flag(group_size == 32, f);
 }
 
 // A block's scale is its largest magnitude over kLargestCode; with RowScale, the row's largest magnitude's.
