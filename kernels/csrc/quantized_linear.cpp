@@ -9,13 +9,14 @@
 // multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one
 // row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its
 // block's largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
-// tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h), but for
-// bf16 rows past eight, which take int4 dequantised into AMX's bf16 tiles up to 64 rows (int4_amx_bf16.h). More rows:
+// tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h), but bf16
+// rows from four to 64 take int4 dequantised into AMX's bf16 tiles (int4_amx_bf16.h). More rows:
 // with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else a
 // task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that stays
 // in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators, each
 // weight loaded once per 4 rows. With AVX512-BF16, 9 or more bf16 rows the integer tiles do not take run over the
-// weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them, else through oneDNN.
+// weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them (dequantised_bf16_linear), else
+// through oneDNN.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "amx_pairs.h"
+#include "bf16_row_tiles.h"
 #include "compile_time_rows.h"
 #include "int4_amx_bf16.h"
 #include "int4_amx_rows.h"
@@ -512,22 +514,31 @@ at::Tensor dequantised_bf16(const Rows& rows_of_w, int64_t N, int64_t K) {
   return w;
 }
 
-// With AMX, the same bf16 weights a column pair at a time, on the tiles (amx_pairs.h), with no copy of the layer
-// written out and read back: SmolLM2's 30 layers on two Emerald Rapids cores took 0.66-0.82x the time of oneDNN over
-// the copy at 9 to 128 rows (int8 and int4; 1.00x at 512), and a 128-token int8 prompt 48-55 against 64-69 ms.
+// With AMX, the same bf16 weights on the tiles, with no copy of the layer written out and read back: up to
+// kStripsLastRow rows as tile A, 32 outputs a task (bf16_row_tiles.h), past them a column pair at a time as tile B
+// (amx_pairs.h), which transposes each weight but then multiplies as the default's bf16 layers do. SmolLM2's 30
+// layers on two Emerald Rapids cores, the strips against the column pairs: int4 0.74-0.91x the time at 65 to 128
+// rows, 0.97x at 192, 1.01x and 1.07x at 256 and 512; int8 0.85-0.95x, 1.02x, 1.06x and 1.03x. The column pairs
+// took 0.66-0.82x the time of oneDNN over a dequantised copy at 9 to 128 rows (1.00x at 512).
+constexpr int64_t kStripsLastRow = 128;
+
 template <typename Rows>
 at::Tensor dequantised_bf16_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t N) {
 #ifdef VIGIL_AMX
   if (vigil::amx::usable()) {
+    const auto block = [&](int64_t n, int64_t b) {
+      _mm_prefetch(rows_of_w.codes(n) + (b + kPrefetchBlocks) * Rows::kBlockBytes, _MM_HINT_T0);
+      return dequantised_block_bf16(rows_of_w, n, b);
+    };
+    if (x.size(0) <= kStripsLastRow && N % 32 == 0) {
+      auto y = at::empty({x.size(0), N}, x.options());
+      vigil::rows_by_dequantised_strips(x.data_ptr<at::BFloat16>(), x.stride(0), x.size(0), x.size(1), N, block,
+                                        y.data_ptr<at::BFloat16>());
+      return y;
+    }
     const int64_t blocks = x.size(1) / kBlock;
     return vigil::amx_linear_over_pairs(x, N, [&](int64_t pair, char* stream) {
-      vigil::write_pair_stream(
-          pair, N, blocks,
-          [&](int64_t n, int64_t b) {
-            _mm_prefetch(rows_of_w.codes(n) + (b + kPrefetchBlocks) * Rows::kBlockBytes, _MM_HINT_T0);
-            return dequantised_block_bf16(rows_of_w, n, b);
-          },
-          stream);
+      vigil::write_pair_stream(pair, N, blocks, block, stream);
     });
   }
 #endif
