@@ -105,12 +105,12 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize(
     ("rows", "outputs", "inputs"),
-    [(9, 40, 576), (33, 960, 576), (65, 48, 1536), (65, 960, 576), (100, 64, 1536), (128, 96, 576), (130, 576, 96)],
+    [(9, 40, 576), (33, 960, 576), (65, 48, 1536), (65, 960, 576), (100, 64, 1536), (192, 96, 576), (200, 576, 96)],
 )
 def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, inputs):
     """Nine rows and more of bf16 x take the weights dequantised to bf16 where the AMX tiles of int4's decode
     batches or int8's integer tiles do not take them (int4 past 64 rows, int8 past 64, outputs not in sixteens).
-    With AMX, 65 to 128 rows against outputs in 32s take the strips: 32 outputs a task dequantised into tile A, two
+    With AMX, 65 to 192 rows against outputs in 32s take the strips: 32 outputs a task dequantised into tile A, two
     row groups a pass (65 and 100 rows end in a pass of one, part-filled); else a column pair of 32 outputs at a
     time, transposed into the tiles' layout, over every block of 32 rows (the last part-filled; 40 and 48 outputs
     end in part of a pair). 33 rows of int8 on AMX take the integer tiles, three passes of up to 16 rows, and of
@@ -153,16 +153,16 @@ def test_a_bf16_row_of_int4_on_the_tiles_does_not_depend_on_the_rows_beside_it(c
     assert torch.equal(compiled.int4_linear(x[order], *weight.tensors), whole[order])
 
 
-@pytest.mark.skipif(not AMX, reason="no AMX tiles here: 65-128 bf16 rows of int8 and int4 take other kernels")
+@pytest.mark.skipif(not AMX, reason="no AMX tiles here: 65-192 bf16 rows of int8 and int4 take other kernels")
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_the_strips_give_the_column_pairs_bits(compiled, method):
-    """65 to 128 bf16 rows take the weights as tile A (the strips), 129 and more as tile B (the column pairs); each
+    """65 to 192 bf16 rows take the weights as tile A (the strips), 193 and more as tile B (the column pairs); each
     output's sums run over the same blocks in the same order, so a row has the same bits either way and whatever
     rows lie beside it."""
     weight = quantize(torch.randn(96, 1088, generator=torch.Generator().manual_seed(8)), method)
-    x = torch.randn(129, 1088, generator=torch.Generator().manual_seed(9)).bfloat16()
+    x = torch.randn(193, 1088, generator=torch.Generator().manual_seed(9)).bfloat16()
     whole = getattr(compiled, f"{method}_linear")(x, *weight.tensors)
-    for rows in (65, 80, 97, 128):
+    for rows in (65, 80, 97, 128, 192):
         assert torch.equal(getattr(compiled, f"{method}_linear")(x[:rows], *weight.tensors), whole[:rows]), rows
         assert torch.equal(getattr(compiled, f"{method}_linear")(x[-rows:], *weight.tensors), whole[-rows:]), rows
 

@@ -1,7 +1,7 @@
 // bf16 rows of x against weights dequantised into AMX's bf16 tiles a block at a time, in the weights' own order:
 // each block of 32 features of 16 outputs is tile A, 16 outputs by 32 features, so nothing is transposed; x is laid
 // out once a call as B tiles of bf16 feature pairs, 16 rows a tile, and a task's sums run on in a C tile a row group
-// across every block. int4_amx_bf16.h takes int4 from four to 64 rows this way; int8 and int4 from 65 to 128 rows
+// across every block. int4_amx_bf16.h takes int4 from four to 64 rows this way; int8 and int4 from 65 to 192 rows
 // take rows_by_dequantised_strips (quantized_linear.cpp).
 #pragma once
 

@@ -517,10 +517,10 @@ at::Tensor dequantised_bf16(const Rows& rows_of_w, int64_t N, int64_t K) {
 // With AMX, the same bf16 weights on the tiles, with no copy of the layer written out and read back: up to
 // kStripsLastRow rows as tile A, 32 outputs a task (bf16_row_tiles.h), past them a column pair at a time as tile B
 // (amx_pairs.h), which transposes each weight but then multiplies as the default's bf16 layers do. SmolLM2's 30
-// layers on two Emerald Rapids cores, the strips against the column pairs: int4 0.74-0.91x the time at 65 to 128
-// rows, 0.97x at 192, 1.01x and 1.07x at 256 and 512; int8 0.85-0.95x, 1.02x, 1.06x and 1.03x. The column pairs
-// took 0.66-0.82x the time of oneDNN over a dequantised copy at 9 to 128 rows (1.00x at 512).
-constexpr int64_t kStripsLastRow = 128;
+// layers on two Emerald Rapids cores, the strips against the column pairs: int4 0.82-0.94x the time at 65 to 192
+// rows, 0.99-1.07x at 256 to 512; int8 0.83-0.97x, then 0.96-1.12x. The column pairs took 0.66-0.82x the time of
+// oneDNN over a dequantised copy at 9 to 128 rows (1.00x at 512).
+constexpr int64_t kStripsLastRow = 192;
 
 template <typename Rows>
 at::Tensor dequantised_bf16_linear(const at::Tensor& x, const Rows& rows_of_w, int64_t N) {
