@@ -46,8 +46,8 @@ inline std::unique_ptr<uint32_t[]> rows_as_pair_tiles(const at::BFloat16* xp, in
   return tiles;
 }
 
-// Tiles 0, 1, 6 and 7 hold the sums of up to four row groups, 2 and 3 tile A, 4 and 5 tile B; B and C are as wide
-// as the rows of a group (zero columns past a later group's last row).
+// Tiles 0, 1, 6 and 7 hold the sums (four row groups, or two strips by two row groups), 2 and 3 tile A, 4 and 5
+// tile B; B and C are as wide as the rows of a group (zero columns past a later group's last row).
 inline amx::TileConfig row_tiles_config(int64_t R) {
   const int64_t columns = 4 * std::min(R, kBf16TileRowsOfX);
   amx::TileConfig config;
