@@ -1,6 +1,7 @@
 """``python -m server serve`` as a child process on a free 127.0.0.1 port: start it, wait until it is ready, stop
 it the way an orchestrator would (SIGTERM, then SIGKILL)."""
 
+import random
 import signal
 import socket
 import subprocess
@@ -16,7 +17,32 @@ STOP_TIMEOUT_S = 60.0
 SERVER_PROGRAM = (sys.executable, "-m", "server")
 
 
+# Ports are drawn from here up to the kernel's ephemeral range.
+LOWEST_PORT = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+_draw = random.SystemRandom()
+
+
 def free_port() -> int:
+    """A free 127.0.0.1 port, none handed out before in this process, below the kernel's ephemeral range: a port
+    the kernel picks can later be the source port of any outgoing connection, and a server restarted on its
+    predecessor's port (a rolling restart) then failed to bind it."""
+    ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0]) if EPHEMERAL_RANGE.exists() else 32768
+    while True:
+        port = _draw.randrange(LOWEST_PORT, ephemeral) if ephemeral > LOWEST_PORT else _any_free_port()
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+
+
+def _any_free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
