@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "lane_sums.h"
 #include "simd_load.h"
 #include "split_byte_rows.h"
+#include "vector_math.h"
 
 #if defined(VIGIL_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 namespace vigil {
@@ -87,12 +89,32 @@ void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, 
       };
       for (int64_t q = 0; q < full_steps; ++q) step(q, std::false_type{});
       if (tail) step(full_steps, std::true_type{});
+      if constexpr (R == 1 && S == 4) {
+        // The four outputs' sums and their minimums' share (each group's fp16 minimum times the row's group sum)
+        // reduced together: output by output, those took about a tenth of a one-row layer (SmolLM2's 120 int4
+        // layers 0.94-0.95x the time so, one row).
+        const float* group_sums = xq.group_sums.data();
+        const auto minimums = [&](int64_t n) {
+          const at::Half* mins = w.mins + n * groups;
+          __m512 lanes = _mm512_setzero_ps();
+          for (int64_t g = 0; g < groups; g += 16) {
+            const __mmask16 part = first_lanes(groups - g);
+            lanes = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(part, mins + g)),
+                                    _mm512_maskz_loadu_ps(part, group_sums + g), lanes);
+          }
+          return lanes;
+        };
+        const __m128 sums = four_lane_sums(totals[0][0], totals[1][0], totals[2][0], totals[3][0]);
+        const __m128 offsets = four_lane_sums(minimums(n0), minimums(n0 + 1), minimums(n0 + 2), minimums(n0 + 3));
+        store_lanes(yp + n0, _mm512_zextps128_ps512(_mm_fmadd_ps(sums, _mm_set1_ps(x_scales[0]), offsets)), 4);
+      } else {
 #pragma GCC unroll 4
-      for (int64_t j = 0; j < S; ++j)
+        for (int64_t j = 0; j < S; ++j)
 #pragma GCC unroll 8
-        for (int64_t r = 0; r < R; ++r)
-          yp[r * N + n0 + j] = static_cast<T>(_mm512_reduce_add_ps(totals[j][r]) * x_scales[r] +
-                                              w.offset(n0 + j, xq.group_sums.data() + r * groups));
+          for (int64_t r = 0; r < R; ++r)
+            yp[r * N + n0 + j] = static_cast<T>(_mm512_reduce_add_ps(totals[j][r]) * x_scales[r] +
+                                                w.offset(n0 + j, xq.group_sums.data() + r * groups));
+      }
     }
   });
 }

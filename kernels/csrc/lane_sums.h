@@ -29,6 +29,18 @@ inline __m512 lane_sums(const __m512 (&v)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(first, second, 0x88), _mm512_shuffle_f32x4(first, second, 0xDD));
 }
 
+// Lane j of the result is the sum of the j-th vector's sixteen lanes: lane_sums' first two steps for four vectors,
+// then their four 128-bit lanes added.
+inline __m128 four_lane_sums(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d ab_pairs = _mm512_castps_pd(ab), cd_pairs = _mm512_castps_pd(cd);
+  const __m512 quad = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ab_pairs, cd_pairs)),
+                                    _mm512_castpd_ps(_mm512_unpackhi_pd(ab_pairs, cd_pairs)));
+  const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(quad), _mm512_extractf32x8_ps(quad, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
+}
+
 // The first `count` lanes of v to y, rounded as a static_cast to T rounds each.
 inline void store_lanes(float* y, __m512 v, int64_t count) {
   _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << count) - 1), v);
