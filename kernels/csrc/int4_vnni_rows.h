@@ -94,18 +94,9 @@ void int4_rows_by_vnni(const QuadRows& xq, int64_t K, int64_t N, const Rows& w, 
         // reduced together: output by output, those took about a tenth of a one-row layer (SmolLM2's 120 int4
         // layers 0.94-0.95x the time so, one row).
         const float* group_sums = xq.group_sums.data();
-        const auto minimums = [&](int64_t n) {
-          const at::Half* mins = w.mins + n * groups;
-          __m512 lanes = _mm512_setzero_ps();
-          for (int64_t g = 0; g < groups; g += 16) {
-            const __mmask16 part = first_lanes(groups - g);
-            lanes = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(part, mins + g)),
-                                    _mm512_maskz_loadu_ps(part, group_sums + g), lanes);
-          }
-          return lanes;
-        };
         const __m128 sums = four_lane_sums(totals[0][0], totals[1][0], totals[2][0], totals[3][0]);
-        const __m128 offsets = four_lane_sums(minimums(n0), minimums(n0 + 1), minimums(n0 + 2), minimums(n0 + 3));
+        const __m128 offsets = four_lane_sums(w.offset_lanes(n0, group_sums), w.offset_lanes(n0 + 1, group_sums),
+                                              w.offset_lanes(n0 + 2, group_sums), w.offset_lanes(n0 + 3, group_sums));
         store_lanes(yp + n0, _mm512_zextps128_ps512(_mm_fmadd_ps(sums, _mm_set1_ps(x_scales[0]), offsets)), 4);
       } else {
 #pragma GCC unroll 4

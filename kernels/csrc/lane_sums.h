@@ -9,18 +9,25 @@
 #if defined(VIGIL_AVX2) && defined(__AVX512F__)
 namespace vigil {
 
+// Each 128-bit lane of the result holds two partial sums of a (lanes 0 and 2) and two of b (lanes 1 and 3).
+inline __m512 pair_sums(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+}
+
+// Of two pair_sums results, ab and cd: each 128-bit lane holds one partial sum of each of the four vectors, in the
+// order a, b, c, d.
+inline __m512 quad_sums(__m512 ab, __m512 cd) {
+  const __m512d ab_pairs = _mm512_castps_pd(ab), cd_pairs = _mm512_castps_pd(cd);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ab_pairs, cd_pairs)),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(ab_pairs, cd_pairs)));
+}
+
 // Lane i of the result is the sum of v[i]'s sixteen lanes, always added in the same order, whichever lane it is.
 inline __m512 lane_sums(const __m512 (&v)[16]) {
-  // Pairs: each 128-bit lane holds two partial sums of each of its two vectors.
   __m512 pairs[8];
-  for (int i = 0; i < 8; ++i)
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  // Quads: each 128-bit lane holds one partial sum of each of its four vectors.
+  for (int i = 0; i < 8; ++i) pairs[i] = pair_sums(v[2 * i], v[2 * i + 1]);
   __m512 quads[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
-    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
+  for (int i = 0; i < 4; ++i) quads[i] = quad_sums(pairs[2 * i], pairs[2 * i + 1]);
   // The four 128-bit lanes of each quad added: even lanes to odd, then the two halves.
   const __m512 first = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
                                      _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
@@ -29,14 +36,9 @@ inline __m512 lane_sums(const __m512 (&v)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(first, second, 0x88), _mm512_shuffle_f32x4(first, second, 0xDD));
 }
 
-// Lane j of the result is the sum of the j-th vector's sixteen lanes: lane_sums' first two steps for four vectors,
-// then their four 128-bit lanes added.
+// Lane j of the result is the sum of the j-th vector's sixteen lanes: one quad, its four 128-bit lanes added.
 inline __m128 four_lane_sums(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512d ab_pairs = _mm512_castps_pd(ab), cd_pairs = _mm512_castps_pd(cd);
-  const __m512 quad = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ab_pairs, cd_pairs)),
-                                    _mm512_castpd_ps(_mm512_unpackhi_pd(ab_pairs, cd_pairs)));
+  const __m512 quad = quad_sums(pair_sums(a, b), pair_sums(c, d));
   const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(quad), _mm512_extractf32x8_ps(quad, 1));
   return _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
 }

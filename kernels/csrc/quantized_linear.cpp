@@ -149,6 +149,19 @@ struct Int4Rows {
   // The minimums' part of output n: each group's minimum times the sum of x over the group.
   float offset(int64_t n, const float* group_sums) const { return dot(mins + n * groups, group_sums, groups); }
 #endif
+#ifdef __AVX512F__
+  // The same products left in sixteen lanes, for a caller that reduces several outputs' lanes together.
+  __m512 offset_lanes(int64_t n, const float* group_sums) const {
+    const at::Half* row = mins + n * groups;
+    __m512 lanes = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g += 16) {
+      const __mmask16 part = vigil::first_lanes(groups - g);
+      lanes = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(part, row + g)),
+                              _mm512_maskz_loadu_ps(part, group_sums + g), lanes);
+    }
+    return lanes;
+  }
+#endif
 };
 
 // acc[r][j] += dot(x row (m + r), weights of output j) over one slice; rows beyond M are skipped.
