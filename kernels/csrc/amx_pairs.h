@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "amx_tiles.h"
+#include "transpose16.h"
 
 #ifdef VIGIL_AMX
 namespace vigil {
@@ -26,33 +27,6 @@ using WritePair = std::function<void(int64_t pair, char* stream)>;
 
 // y = x · Wᵀ for bf16 x [M, K] and W [N, K] as write_pair makes it; y is bf16 [M, N], its sums fp32.
 at::Tensor amx_linear_over_pairs(const at::Tensor& x, int64_t N, const WritePair& write_pair);
-
-// rows[c] becomes column c of the 16 x 16 matrix of 32-bit elements the rows held.
-inline void transpose16(__m512i (&rows)[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
-  }
-  // Each 128-bit lane L of rows[4i + j] now holds rows 4i to 4i + 3 of column 4L + j.
-  for (int i = 0; i < 4; ++i) {
-    rows[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    rows[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    rows[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    rows[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512i even_low = _mm512_shuffle_i32x4(rows[j], rows[4 + j], 0x88);
-    const __m512i odd_low = _mm512_shuffle_i32x4(rows[j], rows[4 + j], 0xdd);
-    const __m512i even_high = _mm512_shuffle_i32x4(rows[8 + j], rows[12 + j], 0x88);
-    const __m512i odd_high = _mm512_shuffle_i32x4(rows[8 + j], rows[12 + j], 0xdd);
-    t[j] = _mm512_shuffle_i32x4(even_low, even_high, 0x88);
-    t[8 + j] = _mm512_shuffle_i32x4(even_low, even_high, 0xdd);
-    t[4 + j] = _mm512_shuffle_i32x4(odd_low, odd_high, 0x88);
-    t[12 + j] = _mm512_shuffle_i32x4(odd_low, odd_high, 0xdd);
-  }
-  for (int c = 0; c < 16; ++c) rows[c] = t[c];
-}
 
 // Column pair `pair` of N outputs in the packed layout, from block(n, b): output n's inputs 32b to 32b + 31 as
 // bf16 in one vector. A tile's row r holds its 16 outputs' inputs 2r and 2r + 1, so the 16 outputs' vectors are

@@ -12,10 +12,10 @@
 #include <cstdint>
 #include <memory>
 
-#include "amx_pairs.h"
 #include "amx_tiles.h"
 #include "compile_time_rows.h"
 #include "lane_sums.h"
+#include "transpose16.h"
 
 #if defined(VIGIL_AMX)
 namespace vigil {

@@ -25,8 +25,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "amx_pairs.h"
 #include "paged_attention_bf16.h"
+#include "transpose16.h"
 
 namespace vigil {
 namespace {
