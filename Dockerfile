@@ -15,14 +15,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIGIL_CACHE_DIR=/opt/vigil/cache
 
-# The compiler's version follows the pinned base image's Debian release (g++ brings gcc, libc6-dev and OpenMP).
+# The compiler's version follows the pinned base image's Debian release (g++ brings gcc, libc6-dev and OpenMP);
+# libjemalloc2 is the allocator `python -m server` preloads (server/allocator.py).
 # hadolint ignore=DL3008
 RUN case "$VARIANT" in \
         cpu | gpu) ;; \
         *) echo "VARIANT must be cpu or gpu, not $VARIANT" >&2; exit 1 ;; \
     esac \
     && apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
+    && apt-get install -y --no-install-recommends g++ libjemalloc2 \
     && rm -rf /var/lib/apt/lists/*
 
 # torch first and alone, so that installing the project cannot pull another build of it.

@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
 
-.PHONY: serve test test-fast lint setup prerequisites
+.PHONY: serve test test-fast lint setup prerequisites allocator
 
 setup: $(STAMP)
 
@@ -28,7 +28,12 @@ $(STAMP): pyproject.toml $(KERNEL_BUILD)
 prerequisites:
 	sh tools/test-prerequisites.sh
 
-serve: $(STAMP)
+# jemalloc, which the server preloads where it is installed (server/allocator.py): installed when missing (as
+# root), or a line saying the server runs on glibc's malloc.
+allocator:
+	sh tools/install-jemalloc.sh
+
+serve: $(STAMP) allocator
 	$(PY) -m server serve --host 127.0.0.1 --port 8000
 
 test: $(STAMP) prerequisites

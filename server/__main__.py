@@ -7,6 +7,7 @@ import sys
 
 from kernels.cpu_variants import chosen_variant
 from server import bench_cli, generate_cli, serve_cli, top_cli
+from server.allocator import run_again_with_jemalloc
 from server.distributed.environment import launched_rank
 
 
@@ -21,6 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``argv`` None: this process's command line, which first runs again with jemalloc (server/allocator.py)."""
+    if argv is None:
+        try:
+            run_again_with_jemalloc()
+        except ValueError as error:
+            print(f"vigil: error: {error}", file=sys.stderr)
+            return 2
     if (rank := launched_rank(os.environ)) is not None and rank > 0:
         # Under torchrun every rank runs this command line; rank 0 serves it, and the others are its workers.
         from server.distributed.worker import main as worker_main

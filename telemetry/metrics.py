@@ -138,10 +138,10 @@ class VigilMetrics:
         )
         self.engine_config = gauge(
             "vigil_engine_config_info",
-            "1, labelled with how the engine computes: its attention backend, dtypes, CPU kernel variant, and its "
-            "execution plan's decode path and linear kernels.",
+            "1, labelled with how the engine computes: its attention backend, dtypes, CPU kernel variant, its "
+            "execution plan's decode path and linear kernels, and the process's memory allocator.",
             ("model", "attention_backend", "dtype", "weight_dtype", "quantization", "device", "tensor_parallel_size",
-             "cpu_kernels", "decode_path", "linear_kernels"),
+             "cpu_kernels", "decode_path", "linear_kernels", "allocator"),
         )
         self.model_weight_bytes = gauge(
             "vigil_model_weight_bytes", "Memory the model's weights take, as stored (quantised or not)."

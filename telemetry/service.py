@@ -67,7 +67,7 @@ class Telemetry:
         ).set(1)
         self.metrics.engine_config.labels(
             model, info.attention_backend, info.dtype, info.weight_dtype, info.quantization, info.device,
-            str(info.tensor_parallel_size), info.cpu_kernels, info.decode_path, info.linear_kernels,
+            str(info.tensor_parallel_size), info.cpu_kernels, info.decode_path, info.linear_kernels, info.allocator,
         ).set(1)
         self.metrics.model_weight_bytes.labels(model).set(info.weight_bytes)
         trace_id_of = self.tracer.trace_id if self.tracer is not None else None

@@ -29,7 +29,7 @@ def test_the_section_names_what_the_plan_holds():
         "layer_ops": "layer ops", "linear_kernels": "kind of weight matrix's kernel",
         "kv_cache_dtype": "KV cache's dtype",
         "sampler": "greedy sampler's kernel", "cpu_kernels": "CPU kernels' variant",
-        "tensor_parallel_size": "tensor-parallel size",
+        "tensor_parallel_size": "tensor-parallel size", "allocator": "memory allocator",
     }
     assert [field.name for field in dataclasses.fields(execution_plan.ExecutionPlan)] == list(described)
     for words in described.values():

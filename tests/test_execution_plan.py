@@ -4,6 +4,7 @@ where the plan says so), the metric labels are the plan's, `vigil serve --print-
 two decode paths give the same tokens bit for bit, and a plan the model cannot run is refused at start in one
 line."""
 
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 from kernels import cpu
 from server import LLM, SamplingParams
+from server.allocator import ALLOCATOR_ENV, process_allocator
 from server.models.linear import fp16_weight_gemm_available
 from tests.ops_stack import ROOT
 
@@ -38,6 +40,7 @@ def assert_plan_is_what_runs(llm: LLM, decode_path: str) -> None:
     # vigil_engine_config_info's labels come from EngineInfo: the plan's.
     assert (engine.info.decode_path, engine.info.linear_kernels) == (plan.decode_path, plan.linear_kernel_summary)
     assert engine.info.attention_backend == plan.attention
+    assert engine.info.allocator == plan.allocator == process_allocator()
     assert set(plan.linear_kernels) == {"qkv", "o_proj", "gate_up", "down", "lm_head"}
 
 
@@ -86,8 +89,11 @@ def test_plans_the_one_call_loop_cannot_take_keep_the_layer_loop_and_say_why(smo
 
 
 def serve(*flags: str) -> subprocess.CompletedProcess:
+    """On the allocator this process has, so that its plan and the printed one agree (tests/test_allocator.py
+    runs the server on jemalloc)."""
     return subprocess.run([sys.executable, "-m", "server", "serve", "--print-plan", *flags], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, ALLOCATOR_ENV: "system"})  # fmt: skip
 
 
 @needs_compiler

@@ -9,6 +9,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from kernels.cpu_variants import executable_variants
+from server.allocator import jemalloc_library
 from server.engine.flops import ModelFlops
 from server.engine.kv_pool import kv_bytes_per_block
 from server.models.config import ModelConfig
@@ -139,7 +140,8 @@ def test_infrastructure_gauges_on_a_gpu_less_machine(traffic, smollm_folder):
               "device": "cpu", "tensor_parallel_size": "1", "cpu_kernels": executable_variants()[-1].name,
               "decode_path": "one-call",
               "linear_kernels": "qkv=fbgemm-fp16,o_proj=fbgemm-fp16,gate_up=fbgemm-fp16,down=fbgemm-fp16,"
-                                "lm_head=fbgemm-fp16 in 12 slices"}
+                                "lm_head=fbgemm-fp16 in 12 slices",
+              "allocator": "jemalloc" if jemalloc_library() else "system"}
     assert value(after, "vigil_engine_config_info", model="smollm", **engine) == 1
     assert value(after, "process_resident_memory_bytes") > 0
 

@@ -2,8 +2,8 @@
 # What `make test` needs besides the venv: the monitoring binaries its tests run for real, from Debian's packages
 # prometheus (prometheus, promtool), prometheus-alertmanager (prometheus-alertmanager, amtool), haproxy and
 # docker-registry (the image registry deploy/pin_images.py is tested against), kubectl (its kustomize builds
-# deploy/kubernetes; the package of the Kubernetes apt repository, pkgs.k8s.io), and chromium (headless, it opens
-# the live console).
+# deploy/kubernetes; the package of the Kubernetes apt repository, pkgs.k8s.io), chromium (headless, it opens the
+# live console) and libjemalloc2 (the allocator `python -m server` preloads, server/allocator.py).
 # As root with apt-get, it installs the missing packages; otherwise it stops with one line naming them.
 set -eu
 
@@ -15,6 +15,7 @@ for pair in promtool:prometheus prometheus:prometheus amtool:prometheus-alertman
     docker-registry:docker-registry chromium:chromium; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"
 done
+case "$(ldconfig -p 2>/dev/null)" in *libjemalloc.so.2*) ;; *) missing="$missing libjemalloc2" ;; esac
 [ -n "$missing" ] || exit 0
 packages=$(printf '%s\n' $missing | sort -u | tr '\n' ' ' | sed 's/ $//')
 

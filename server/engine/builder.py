@@ -82,5 +82,5 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     )
     info = EngineInfo(plan.attention, dtype_name(dtype), dtype_name(weight_dtype), str(device),
                       config.quantization or "none", model.weight_bytes, config.tensor_parallel_size,
-                      cpu_kernels, plan.decode_path, plan.linear_kernel_summary)
+                      cpu_kernels, plan.decode_path, plan.linear_kernel_summary, plan.allocator)
     return LLMEngine(config, model_config, tokenizer, scheduler, runner, cache_info, info, max_model_len)

@@ -1,10 +1,11 @@
 """How every step runs, decided once when the engine is built, and said: the decode path, the kernel of each kind
 of weight matrix, the attention kernel, the KV cache's dtype, the sampler's greedy kernel, the CPU kernels'
-variant, and why. The builder logs it, ``vigil serve --print-plan`` prints it, and ``vigil_engine_config_info``
-carries it; the model runner executes it."""
+variant, the process's memory allocator, and why. The builder logs it, ``vigil serve --print-plan`` prints it,
+and ``vigil_engine_config_info`` carries it; the model runner executes it."""
 
 from dataclasses import dataclass
 
+from server.allocator import process_allocator
 from server.config import DECODE_PATHS
 from server.engine.decode_graphs import graph_batch_sizes
 from server.models.decoder import DecoderModel
@@ -26,6 +27,7 @@ class ExecutionPlan:
     sampler: str  # the kernel that picks greedy rows' tokens; sampled rows are torch's
     cpu_kernels: str  # the C++ kernels' ISA variant, "torch" without them, "none" off the CPU
     tensor_parallel_size: int
+    allocator: str  # the process's malloc: "jemalloc" (server/allocator.py), "tcmalloc" or "system"
 
     @property
     def linear_kernel_summary(self) -> str:
@@ -43,7 +45,8 @@ class ExecutionPlan:
             f"KV cache: {self.kv_cache_dtype}",
             "linear kernels: " + ", ".join(f"{kind} {kernel}" for kind, kernel in self.linear_kernels.items()),
             f"sampler: greedy rows by the {self.sampler} argmax, sampled rows by torch",
-            f"CPU kernels: {self.cpu_kernels}; tensor parallel size: {self.tensor_parallel_size}",
+            f"CPU kernels: {self.cpu_kernels}; tensor parallel size: {self.tensor_parallel_size}; "
+            f"memory allocator: {self.allocator}",
         ]
 
 
@@ -95,4 +98,5 @@ def _plan(model: Model, path: str, reason: str, kv_cache_dtype: str, cpu_kernels
         prompt_attention=model.attention.prompt_attention,
         layer_ops=model.layer_ops.name, linear_kernels=model.linear_kernels(), kv_cache_dtype=kv_cache_dtype,
         sampler=model.layer_ops.name, cpu_kernels=cpu_kernels, tensor_parallel_size=tensor_parallel_size,
+        allocator=process_allocator(),
     )

@@ -34,6 +34,7 @@ class EngineInfo:
     cpu_kernels: str = "none"  # the C++ kernels' ISA variant ("avx2" ... "amx"), "torch" without them, "none" off CPU
     decode_path: str = "layer-loop"  # the execution plan's (server/engine/execution_plan.py)
     linear_kernels: str = "torch"  # the plan's kernel for every kind of weight matrix, or each kind's
+    allocator: str = "system"  # the process's malloc, as the plan says
 
 
 @dataclass(frozen=True)
