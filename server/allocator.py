@@ -54,6 +54,8 @@ def preloaded_environment(environ: Mapping[str, str], allocator: str, library: s
 def run_again_with_jemalloc() -> None:
     """Replaces this process by its own command line with jemalloc preloaded, where ``preloaded_environment``
     says so; returns otherwise. The process keeps its id, so supervisors and signals see no difference."""
+    if not sys.platform.startswith("linux"):  # LD_PRELOAD is the Linux loader's
+        return
     environment = preloaded_environment(os.environ, process_allocator(), jemalloc_library())
     if environment is None:
         return
