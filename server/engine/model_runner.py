@@ -79,7 +79,7 @@ class ModelRunner:
         if sampling:
             rows = [row for i in sampling
                     for row in range(last_rows[i] - len(scheduled[i].spec_token_ids), last_rows[i] + 1)]
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=self.device)])
+            logits = self.model.compute_logits(_rows_of(hidden, rows))
             step = self.sampler.sample_step(logits, [scheduled[i].request for i in sampling],
                                             [list(scheduled[i].spec_token_ids) for i in sampling])
             for i, tokens, logprobs in zip(sampling, step.appended, step.logprobs, strict=True):
@@ -165,6 +165,14 @@ class ModelRunner:
                 prefill_lens.append(end)
         batch = AttentionBatch(slots, decode_tables, decode_lens, prefill_tables, query_starts, prefill_lens)
         return input_ids, positions, batch, last_rows
+
+
+def _rows_of(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``hidden``'s rows (ascending): a view where they are consecutive, as every row of a decode step is, else a
+    gathered copy."""
+    if rows[-1] - rows[0] == len(rows) - 1:
+        return hidden[rows[0] : rows[-1] + 1]
+    return hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
 
 
 def _predicted_prompt_positions(item: ScheduledRequest) -> list[int]:
