@@ -1,4 +1,5 @@
-"""What a benchmark ran on: the CPU and the ISA it offers, and the memory bandwidth that bounds a batch-1 step."""
+"""What a benchmark ran on: the CPU and the ISA it offers, the memory allocator, and the memory bandwidth that
+bounds a batch-1 step."""
 
 import time
 from dataclasses import dataclass
@@ -7,6 +8,7 @@ import torch
 
 from kernels import cpu
 from kernels.isa import cpu_flags, cpu_model
+from server.allocator import process_allocator
 
 # The ISA that decides which kernels can be fast here, as /proc/cpuinfo names it.
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
@@ -19,11 +21,12 @@ class Machine:
     isa: tuple[str, ...]
     cpu_kernels: str
     threads: int
+    allocator: str  # server/allocator.py's name for this process's malloc
     read_bandwidth_bytes_per_second: float
 
     def describe(self) -> str:
         return (f"{self.cpu}, {self.threads} threads, ISA {' '.join(self.isa) or 'baseline'}, "
-                f"CPU kernels {self.cpu_kernels}, "
+                f"CPU kernels {self.cpu_kernels}, allocator {self.allocator}, "
                 f"read bandwidth {self.read_bandwidth_bytes_per_second / 1e9:.1f} GB/s")
 
 
@@ -44,4 +47,4 @@ def measure_read_bandwidth(repeats: int = 7) -> float:
 def this_machine() -> Machine:
     flags = cpu_flags()
     return Machine(cpu_model(), tuple(flag for flag in ISA_FLAGS if flag in flags), cpu.variant_name(),
-                   torch.get_num_threads(), measure_read_bandwidth())
+                   torch.get_num_threads(), process_allocator(), measure_read_bandwidth())
