@@ -38,9 +38,9 @@ def process_allocator(maps: str | None = None) -> str:
 
 
 def preloaded_environment(environ: Mapping[str, str], allocator: str, library: str | None) -> dict[str, str] | None:
-    """The environment to run this command line again with, jemalloc preloaded, or None where it should run as it
-    is: jemalloc not chosen away, not installed, another allocator already in the process, or jemalloc already in
-    LD_PRELOAD (where the loader could not preload it, running again would not either). ValueError for a
+    """The environment to run this command line again with, jemalloc preloaded, or None where it runs as it is:
+    ``VIGIL_MALLOC=system``, jemalloc not installed, another allocator already in the process, or jemalloc already
+    in LD_PRELOAD (where the loader could not preload it, running again would not either). ValueError for a
     ``VIGIL_MALLOC`` that is neither "jemalloc" nor "system"."""
     choice = environ.get(ALLOCATOR_ENV, "jemalloc")
     if choice not in ALLOCATOR_CHOICES:
