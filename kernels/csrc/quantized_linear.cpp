@@ -10,11 +10,11 @@
 // row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its
 // block's largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
 // tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h), but bf16
-// rows from four to 64 take int4 dequantised into AMX's bf16 tiles (int4_amx_bf16.h). More rows:
-// with AVX2 alone, 16 outputs at a time dequantised into a k-major panel and a GEMM micro-kernel over it; else a
-// task owns 4 output features, dequantises their weights (integer times group scale) into an fp32 buffer that stays
-// in L1, a slice of K at a time, and runs every row of x against them in 4 rows x 4 outputs of accumulators, each
-// weight loaded once per 4 rows. With AVX512-BF16, 9 or more bf16 rows the integer tiles do not take run over the
+// rows from four to 64 take int4 dequantised into AMX's bf16 tiles (int4_amx_bf16.h). More rows: with AVX2 alone,
+// x rounded to 16-bit integers and 16 outputs' codes widened into a panel of feature pairs for 16-bit integer
+// multiply-adds (int16_panels.h); else a task owns 4 output features, dequantises their weights (integer times group
+// scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows
+// x 4 outputs of accumulators, each weight loaded once per 4 rows. With AVX512-BF16, 9 or more bf16 rows the integer tiles do not take run over the
 // weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them (dequantised_bf16_linear), else
 // through oneDNN.
 #include <ATen/ATen.h>
@@ -32,6 +32,7 @@
 #include "int4_few_rows.h"
 #include "int4_vnni_rows.h"
 #include "int8_amx_rows.h"
+#include "int16_panels.h"
 #include "int8_vnni_rows.h"
 #include "rounded_block.h"
 #include "simd_load.h"
@@ -70,6 +71,8 @@ struct Int8Rows {
 
   const char* codes(int64_t n) const { return reinterpret_cast<const char*>(w + n * K); }
   float scale(int64_t n, int64_t group) const { return scales[n * groups + group]; }
+  static constexpr bool kHasMins = false;
+  float min(int64_t, int64_t) const { return 0.f; }
 
   void dequantise(int64_t n, int64_t k0, int64_t k1, float* dst) const {
     const int8_t* row = w + n * K;
@@ -112,6 +115,8 @@ struct Int4Rows {
 
   const char* codes(int64_t n) const { return reinterpret_cast<const char*>(w + n * (K / 2)); }
   float scale(int64_t n, int64_t group) const { return static_cast<float>(scales[n * groups + group]); }
+  static constexpr bool kHasMins = true;
+  float min(int64_t n, int64_t group) const { return static_cast<float>(mins[n * groups + group]); }
 
   void dequantise(int64_t n, int64_t k0, int64_t k1, float* dst) const {
     const uint8_t* row = w + n * (K / 2);
@@ -294,111 +299,6 @@ void few_rows_into(const Int16Rows& xq, int64_t K, int64_t N, const Rows& w, T* 
 }
 #endif
 
-#if defined(VIGIL_AVX2) && !defined(__AVX512F__)
-// A batch of rows with AVX2's 16 registers: the 4 x 4 tiles above keep 16 accumulators and spill. Here, as a
-// GEMM's micro-kernel does, a task dequantises 16 output features into a panel laid out k-major (16 floats per
-// input feature), and a tile of 6 rows broadcasts each row's x[k] against the panel's two vectors into 12
-// accumulators that hold whole outputs, with no horizontal sums. On SmolLM2's shapes on two Zen 3 cores it took
-// 0.72-0.80x the tiles' time at 16 rows and 0.54-0.64x at 64 and 128 (int8 and int4).
-constexpr int64_t kPanel = 16;        // output features per task: two vectors
-constexpr int64_t kPanelSlice = 256;  // input features per panel: 16 x 256 fp32 = 16 KB, in L1
-constexpr int64_t kPanelRows = 6;     // rows per register tile: 12 accumulators
-
-// Eight rows of 8 floats, ld apart, to eight columns: dst + c * ldd gets column c.
-inline void transpose8(const float* src, int64_t ld, float* dst, int64_t ldd) {
-  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ld), r2 = _mm256_loadu_ps(src + 2 * ld),
-         r3 = _mm256_loadu_ps(src + 3 * ld), r4 = _mm256_loadu_ps(src + 4 * ld), r5 = _mm256_loadu_ps(src + 5 * ld),
-         r6 = _mm256_loadu_ps(src + 6 * ld), r7 = _mm256_loadu_ps(src + 7 * ld);
-  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
-               t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
-               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-  r0 = _mm256_shuffle_ps(t0, t2, 0x44);
-  r1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  r2 = _mm256_shuffle_ps(t1, t3, 0x44);
-  r3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  r4 = _mm256_shuffle_ps(t4, t6, 0x44);
-  r5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  r6 = _mm256_shuffle_ps(t5, t7, 0x44);
-  r7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(r0, r4, 0x20));
-  _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(r1, r5, 0x20));
-  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(r2, r6, 0x20));
-  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(r3, r7, 0x20));
-  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(r0, r4, 0x31));
-  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(r1, r5, 0x31));
-  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(r2, r6, 0x31));
-  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(r3, r7, 0x31));
-}
-
-// The panel of outputs [n0, n0 + 16) over input features [k0, k1): dequantised row by row into rows
-// (kPanel x kPanelSlice), then transposed eight by eight.
-template <typename Rows>
-void pack_panel(const Rows& rows_of_w, int64_t n0, int64_t k0, int64_t k1, float* rows, float* panel) {
-  for (int64_t j = 0; j < kPanel; ++j) rows_of_w.dequantise(n0 + j, k0, k1, rows + j * kPanelSlice);
-  for (int64_t j = 0; j < kPanel; j += 8)
-    for (int64_t k = 0; k < k1 - k0; k += 8)
-      transpose8(rows + j * kPanelSlice + k, kPanelSlice, panel + k * kPanel + j, kPanel);
-}
-
-// out rows [0, R) (kPanel floats each, ldo apart) += x rows [0, R) times the panel over len input features. The
-// accumulators are named, not an array: GCC kept an array of them on the stack, storing 12 vectors each k.
-#define VIGIL_PANEL_ROWS(APPLY) APPLY(0) APPLY(1) APPLY(2) APPLY(3) APPLY(4) APPLY(5)
-template <int64_t R>
-void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t len, float* out, int64_t ldo) {
-  static_assert(R >= 1 && R <= kPanelRows);
-  __m256 lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, lo4, hi4, lo5, hi5;
-#define VIGIL_LOAD(r)                                    \
-  if constexpr (R > r) {                                 \
-    lo##r = _mm256_loadu_ps(out + r * ldo);              \
-    hi##r = _mm256_loadu_ps(out + r * ldo + 8);          \
-  }
-#define VIGIL_FMA(r)                                              \
-  if constexpr (R > r) {                                          \
-    const __m256 xr = _mm256_broadcast_ss(x + r * ldx + k);       \
-    lo##r = _mm256_fmadd_ps(xr, w0, lo##r);                       \
-    hi##r = _mm256_fmadd_ps(xr, w1, hi##r);                       \
-  }
-#define VIGIL_STORE(r)                                   \
-  if constexpr (R > r) {                                 \
-    _mm256_storeu_ps(out + r * ldo, lo##r);              \
-    _mm256_storeu_ps(out + r * ldo + 8, hi##r);          \
-  }
-  VIGIL_PANEL_ROWS(VIGIL_LOAD)
-  for (int64_t k = 0; k < len; ++k) {
-    const __m256 w0 = _mm256_loadu_ps(panel + k * kPanel), w1 = _mm256_loadu_ps(panel + k * kPanel + 8);
-    VIGIL_PANEL_ROWS(VIGIL_FMA)
-  }
-  VIGIL_PANEL_ROWS(VIGIL_STORE)
-#undef VIGIL_LOAD
-#undef VIGIL_FMA
-#undef VIGIL_STORE
-}
-#undef VIGIL_PANEL_ROWS
-
-template <typename T, typename Rows>
-void panels_into(const float* xp, int64_t ldx, int64_t M, int64_t K, int64_t N, const Rows& rows_of_w, T* yp) {
-  at::parallel_for(0, N / kPanel, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> rows(kPanel * kPanelSlice), panel(kPanel * kPanelSlice), out(M * kPanel);
-    for (int64_t task = first; task < last; ++task) {
-      const int64_t n0 = task * kPanel;
-      std::fill(out.begin(), out.end(), 0.f);
-      for (int64_t k0 = 0; k0 < K; k0 += kPanelSlice) {
-        const int64_t k1 = std::min(K, k0 + kPanelSlice);
-        pack_panel(rows_of_w, n0, k0, k1, rows.data(), panel.data());
-        for (int64_t m = 0; m < M; m += kPanelRows) {
-          vigil::with_rows<kPanelRows>(std::min(kPanelRows, M - m), [&](auto rows) {
-            panel_tile<decltype(rows)::value>(xp + m * ldx + k0, ldx, panel.data(), k1 - k0,
-                                             out.data() + m * kPanel, kPanel);
-          });
-        }
-      }
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < kPanel; ++j) yp[m * N + n0 + j] = static_cast<T>(out[m * kPanel + j]);
-    }
-  });
-}
-#endif
-
 // Whether M rows take the AMX tiles (int8_amx_rows.h, int4_amx_rows.h), which the CPU may lack.
 template <typename Rows>
 bool rows_take_tiles(int64_t M, int64_t N, int64_t K, const Rows& rows_of_w) {
@@ -456,9 +356,9 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
   }
 #endif
 #if defined(VIGIL_AVX2) && !defined(__AVX512F__)
-  if (N % kPanel == 0) {
-    const at::Tensor wide = x.to(at::kFloat);
-    panels_into(wide.data_ptr<float>(), wide.stride(0), M, K, N, rows_of_w, yp);
+  if (N % vigil::kPanelOutputs == 0) {
+    vigil::int16_panels_into(vigil::round_matrix(xp, ldx, M, K, vigil::span_blocks_for(rows_of_w)), M, K, N,
+                             rows_of_w, yp);
     return;
   }
 #endif
