@@ -207,26 +207,36 @@ def test_int8_spans_and_groups_match_the_torch_oracle(compiled, rows, outputs, i
     assert bool((error <= rounding * 1.001 + 1e-5 * expected.abs().max()).all())
 
 
+def grouped_weight(method: str, outputs: int, inputs: int, group_size: int, generator: torch.Generator):
+    """Random weights with a scale (and for int4 a minimum) per group of ``group_size`` features."""
+    if method == "int4":
+        return quantize_int4(torch.randn(outputs, inputs, generator=generator), group_size)
+    codes = torch.randint(-127, 128, (outputs, inputs), generator=generator, dtype=torch.int8)
+    return QuantizedWeight("int8", codes, torch.rand(outputs, inputs // group_size, generator=generator) / 100)
+
+
 @pytest.mark.parametrize("variant", executable_variants(), ids=lambda variant: variant.name)
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_variant_s_prompt_rows_match_the_torch_oracle(variant, method, dtype):
     """Nine rows and more (a prompt's) take a different kernel in each variant; the tests above run only this CPU's
     best. In ``avx2`` (Zen 3's), outputs in sixteens take the 16-bit integer panels: x rounded a block of 32 features
-    at a time for int4, a slice of 256 for int8 with one scale an output (1088 features: four slices and one of 64),
-    six rows a register tile (9, 13 and 128 rows end in a part-filled one). One feature 50 times the rest rounds
-    only its own span coarser."""
+    at a time, or a slice of 256 where every slice lies in one of the weights' groups (int8's one scale an output:
+    576 features are two slices and one of 64; groups of 512), six rows a register tile (9, 13, 12 and 128 rows end
+    in a part-filled one), 32 features one block. One feature 50 times the rest rounds only its own span coarser."""
     compiled = cpu.load_variant(variant)
     assert compiled is not None, f"the {variant.name} kernels must be built at install"
-    for rows, outputs, inputs in [(9, 48, 1088), (13, 64, 576), (128, 32, 576), (12, 20, 96)]:
-        generator = torch.Generator().manual_seed(rows + outputs + inputs)
-        weight = quantize(torch.randn(outputs, inputs, generator=generator), method)
+    cases = [(9, 48, 1088, 32), (13, 64, 576, 576), (128, 32, 576, 64), (10, 16, 1024, 512), (12, 16, 32, 32),
+             (12, 20, 96, 32)]
+    for rows, outputs, inputs, group_size in cases:
+        generator = torch.Generator().manual_seed(rows + outputs + inputs + group_size)
+        weight = grouped_weight(method, outputs, inputs, group_size, generator)
         x = torch.randn(rows, inputs, generator=generator)
         x[:, -5] *= 50
         x = x.to(dtype)
         expected = getattr(reference, f"{method}_linear")(x, *weight.tensors).float()
         error = (getattr(compiled, f"{method}_linear")(x, *weight.tensors).float() - expected).abs()
-        largest_of_span = span_largest(x, inputs, inputs if method == "int4" else 4096)
+        largest_of_span = span_largest(x, inputs, inputs) if method == "int4" else span_largest(x, group_size, 4096)
         rounding = (largest_of_span / 65024) @ rounded_magnitudes(weight).T
         slack = 1e-2 if dtype == torch.bfloat16 else 1e-5
         assert bool((error <= rounding * 1.001 + slack * expected.abs().max()).all()), (rows, outputs, inputs)
