@@ -218,16 +218,18 @@ def grouped_weight(method: str, outputs: int, inputs: int, group_size: int, gene
 @pytest.mark.parametrize("variant", executable_variants(), ids=lambda variant: variant.name)
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_variant_s_prompt_rows_match_the_torch_oracle(variant, method, dtype):
-    """Nine rows and more (a prompt's) take a different kernel in each variant; the tests above run only this CPU's
-    best. In ``avx2`` (Zen 3's), outputs in sixteens take the 16-bit integer panels: x rounded a block of 32 features
-    at a time, or a slice of 256 where every slice lies in one of the weights' groups (int8's one scale an output:
-    576 features are two slices and one of 64; groups of 512), six rows a register tile (9, 13, 12 and 128 rows end
-    in a part-filled one), 32 features one block. One feature 50 times the rest rounds only its own span coarser."""
+def test_every_variant_s_rows_match_the_torch_oracle(variant, method, dtype):
+    """Each variant takes rows through kernels of its own (a decode step's one to eight, a prompt's more); the tests
+    above run only this CPU's best. In ``avx2`` (Zen 3's), a few rows take the 16-bit (int4 at one row: split-byte)
+    vector kernels, and from nine rows outputs in sixteens take the 16-bit integer panels: x rounded a block of 32
+    features at a time, or a slice of 256 where every slice lies in one of the weights' groups (int8's one scale an
+    output: 576 features are two slices and one of 64; groups of 512), six rows a register tile (9, 13, 12 and 128
+    rows end in a part-filled one), 32 features one block. One feature 50 times the rest rounds only its own span
+    coarser."""
     compiled = cpu.load_variant(variant)
     assert compiled is not None, f"the {variant.name} kernels must be built at install"
-    cases = [(9, 48, 1088, 32), (13, 64, 576, 576), (128, 32, 576, 64), (10, 16, 1024, 512), (12, 16, 32, 32),
-             (12, 20, 96, 32)]
+    cases = [(1, 48, 576, 32), (2, 64, 1088, 1088), (5, 32, 576, 64), (8, 48, 1024, 512), (9, 48, 1088, 32),
+             (13, 64, 576, 576), (128, 32, 576, 64), (10, 16, 1024, 512), (12, 16, 32, 32), (12, 20, 96, 32)]
     for rows, outputs, inputs, group_size in cases:
         generator = torch.Generator().manual_seed(rows + outputs + inputs + group_size)
         weight = grouped_weight(method, outputs, inputs, group_size, generator)
