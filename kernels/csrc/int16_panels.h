@@ -115,11 +115,11 @@ void pack_int16_panel(const Rows& w, int64_t n0, int64_t k0, int64_t k1, Int16Pa
                  reinterpret_cast<float*>(&panel.pairs[p][j]), kPanelOutputs);
 }
 
-// acc += the pairs' products of w and x. In assembly: from the intrinsics GCC kept the sums in the products'
-// registers, moving them back each step, and spilled one of eight to the stack.
+// acc += the pairs' products of w and x (x in a register or read from memory). In assembly: from the intrinsics GCC
+// kept the sums in the products' registers, moving them back each step, and spilled one of eight to the stack.
 inline void madd_into(__m256i& acc, __m256i w, __m256i x) {
   __m256i product;
-  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(product) : "x"(w), "x"(x));
+  asm("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(product) : "x"(w), "xm"(x));
 }
 
 // out rows [0, R) (16 floats each, ldo apart) += x rows [0, R) times the panel over its blocks, span_blocks of

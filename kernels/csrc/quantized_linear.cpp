@@ -226,19 +226,24 @@ struct Int16Rows {
   std::vector<float> group_sums;
 };
 
-// A block's scale is its largest magnitude over 32767.
+// A block's scale is its largest magnitude over 32767, or its span's: each run of span_blocks blocks (the last may
+// be shorter) rounds against the largest magnitude over the run.
 template <typename X>
-Int16Rows round_rows(const X* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size) {
+Int16Rows round_rows(const X* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size, int64_t span_blocks = 1) {
   const int64_t blocks = K / kBlock, groups = K / group_size;
   Int16Rows out{std::vector<int16_t>(R * K), std::vector<float>(R * blocks), std::vector<float>(R * groups, 0.f)};
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const vigil::RoundedBlock block = vigil::round_block(xp + r * ldx + b * kBlock, 32767.f);
-      int16_t* q = out.codes.data() + (b * R + r) * kBlock;
-      for (int half = 0; half < 2; ++half)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16 * half), vigil::block_words(block, half));
-      out.scales[b * R + r] = block.amax / 32767.f;
-      out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
+    for (int64_t span = 0; span < blocks; span += span_blocks) {
+      const int64_t span_end = std::min(blocks, span + span_blocks);
+      const float amax = vigil::largest_magnitude(xp + r * ldx + span * kBlock, (span_end - span) * kBlock);
+      for (int64_t b = span; b < span_end; ++b) {
+        const vigil::RoundedBlock block = vigil::round_block(xp + r * ldx + b * kBlock, 32767.f, amax);
+        int16_t* q = out.codes.data() + (b * R + r) * kBlock;
+        for (int half = 0; half < 2; ++half)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16 * half), vigil::block_words(block, half));
+        out.scales[b * R + r] = amax / 32767.f;
+        out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
+      }
     }
   return out;
 }
@@ -299,6 +304,52 @@ void few_rows_into(const Int16Rows& xq, int64_t K, int64_t N, const Rows& w, T* 
 }
 #endif
 
+#if defined(VIGIL_AVX2) && !defined(__AVX512F__)
+// int8 where every slice of 256 features lies in one of the weights' groups (one scale an output): x rounded a
+// slice at a time (round_rows' spans), so that a row's sums over a slice stay in 32-bit integers (256 features of
+// 32767 x 127 stay under 2^30) and take their scales once a slice: two multiply-adds and two adds a block and row,
+// where few_rows_into also converts, multiplies and adds in fp32 every block.
+template <int64_t R, typename T>
+void int8_few_rows_in_slices(const Int16Rows& xq, int64_t K, int64_t N, const Int8Rows& w, T* yp) {
+  at::parallel_for(0, N, 16, [&, K, N](int64_t first, int64_t last) {
+    const int64_t blocks = K / kBlock, span_blocks = vigil::kPanelFeatures / kBlock, group_size = w.group_size;
+    const int16_t* const x_codes = xq.codes.data();
+    const float* const x_scales = xq.scales.data();
+    const uint8_t* const end = reinterpret_cast<const uint8_t*>(w.w) + last * K;
+    for (int64_t n = first; n < last; ++n) {
+      const uint8_t* codes = reinterpret_cast<const uint8_t*>(w.w) + n * K;
+      vigil::prefetch_ahead(codes, K, end);
+      alignas(32) float totals[R][kLanes] = {};
+      for (int64_t span = 0; span < blocks; span += span_blocks) {
+        __m256i sums[R];
+#pragma GCC unroll 8
+        for (int64_t r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+        for (int64_t b = span; b < std::min(blocks, span + span_blocks); ++b) {
+          __m256i first_half, second_half;
+          Int8Rows::widen(codes + b * kBlock, first_half, second_half);
+          const __m256i* x = reinterpret_cast<const __m256i*>(x_codes + b * R * kBlock);
+#pragma GCC unroll 8
+          for (int64_t r = 0; r < R; ++r) {
+            __m256i sum = sums[r];
+            vigil::madd_into(sum, first_half, _mm256_loadu_si256(x + 2 * r));
+            vigil::madd_into(sum, second_half, _mm256_loadu_si256(x + 2 * r + 1));
+            sums[r] = sum;
+          }
+        }
+        const float scale = w.scale(n, span * kBlock / group_size);
+#pragma GCC unroll 8
+        for (int64_t r = 0; r < R; ++r)
+          _mm256_store_ps(totals[r], _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]),
+                                                     _mm256_set1_ps(x_scales[span * R + r] * scale),
+                                                     _mm256_load_ps(totals[r])));
+      }
+#pragma GCC unroll 8
+      for (int64_t r = 0; r < R; ++r) yp[r * N + n] = static_cast<T>(vigil::horizontal_sum(_mm256_load_ps(totals[r])));
+    }
+  });
+}
+#endif
+
 // Whether M rows take the AMX tiles (int8_amx_rows.h, int4_amx_rows.h), which the CPU may lack.
 template <typename Rows>
 bool rows_take_tiles(int64_t M, int64_t N, int64_t K, const Rows& rows_of_w) {
@@ -348,6 +399,13 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
           if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1)
             vigil::int4_few_rows_by_bytes<R, S>(
                 vigil::round_rows_to_split_bytes<2>(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
+          else if constexpr (std::is_same_v<Rows, Int8Rows>)
+            if (vigil::span_blocks_for(rows_of_w) > 1)
+              int8_few_rows_in_slices<R>(
+                  round_rows(xp, ldx, R, K, rows_of_w.group_size, vigil::span_blocks_for(rows_of_w)), K, N, rows_of_w,
+                  yp);
+            else
+              few_rows_into<R, S>(round_rows(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
           else
             few_rows_into<R, S>(round_rows(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
 #endif
