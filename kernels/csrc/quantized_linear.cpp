@@ -5,10 +5,11 @@
 //
 // A few rows (up to 8) read each output's codes once, straight into registers: at batch 1 the step is bound by
 // reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32 bytes. Those rows are first
-// rounded to 16-bit integers, a scale per block of 32 features, so that the dot products run as integer
-// multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one
-// row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its
-// block's largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
+// rounded to 16-bit integers, a scale per block of 32 features (or per span of them, where the weights' groups
+// allow: int8_few_rows_in_slices), so that the dot products run as integer multiply-adds: int4's as byte
+// multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one row with AVX2
+// (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its block's (span's)
+// largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
 // tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h), but bf16
 // rows from four to 64 take int4 dequantised into AMX's bf16 tiles (int4_amx_bf16.h). More rows: with AVX2 alone,
 // x rounded to 16-bit integers and 16 outputs' codes widened into a panel of feature pairs for 16-bit integer
