@@ -1,10 +1,12 @@
 // A batch of rows (a prompt) times int8 or int4 weights with AVX2 alone, as integer multiply-adds: x is rounded to
 // 16-bit integers with a scale per block of 32 features (as the few-rows kernels round it: each feature off by at
-// most 2^-16 of its block's largest magnitude), a task widens 16 outputs' codes to 16 bits in a panel laid out by
-// feature pairs (each 32-bit lane an output's two features), and a tile of 6 rows broadcasts each row's feature
-// pair against the panel's two vectors: one vpmaddwd does 16 multiply-adds where an FMA did 8. Each block's 12
-// integer sums then take the block's scales into the rows' fp32 totals, and int4's minimums times the block's sum of
-// x. The fp32 panels it replaced dequantised the weights and ran FMAs, at about the FMA units' peak.
+// most 2^-16 of its block's largest magnitude; a slice of 256 for int8 with one scale an output, whose sums then stay
+// in integers over the slice), a task widens 16 outputs' codes to 16 bits in a panel laid out by feature pairs (each
+// 32-bit lane an output's two features), and a tile of 6 rows broadcasts each row's feature pair against the panel's
+// two vectors: one vpmaddwd does 16 multiply-adds where an FMA did 8. Each block's (span's) 12 integer sums then take
+// its scales into the rows' fp32 totals, and int4's minimums times the block's sum of x. The fp32 panels it replaced
+// dequantised the weights and ran FMAs, at about the FMA units' peak: on two Emerald Rapids cores running this
+// variant, SmolLM2's 30 layers at 128 rows took 0.82x their time for int4 and 0.73x for int8.
 #pragma once
 
 #include <ATen/Parallel.h>

@@ -15,9 +15,9 @@
 // x rounded to 16-bit integers and 16 outputs' codes widened into a panel of feature pairs for 16-bit integer
 // multiply-adds (int16_panels.h); else a task owns 4 output features, dequantises their weights (integer times group
 // scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows
-// x 4 outputs of accumulators, each weight loaded once per 4 rows. With AVX512-BF16, 9 or more bf16 rows the integer tiles do not take run over the
-// weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them (dequantised_bf16_linear), else
-// through oneDNN.
+// x 4 outputs of accumulators, each weight loaded once per 4 rows. With AVX512-BF16, 9 or more bf16 rows the integer
+// tiles do not take run over the weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them
+// (dequantised_bf16_linear), else through oneDNN.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -28,12 +28,12 @@
 #include "amx_pairs.h"
 #include "bf16_row_tiles.h"
 #include "compile_time_rows.h"
+#include "int16_panels.h"
 #include "int4_amx_bf16.h"
 #include "int4_amx_rows.h"
 #include "int4_few_rows.h"
 #include "int4_vnni_rows.h"
 #include "int8_amx_rows.h"
-#include "int16_panels.h"
 #include "int8_vnni_rows.h"
 #include "rounded_block.h"
 #include "simd_load.h"
