@@ -8,7 +8,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from kernels.cpu_variants import executable_variants
+from kernels.cpu_variants import chosen_variant
 from server.allocator import jemalloc_library
 from server.engine.flops import ModelFlops
 from server.engine.kv_pool import kv_bytes_per_block
@@ -137,7 +137,7 @@ def test_infrastructure_gauges_on_a_gpu_less_machine(traffic, smollm_folder):
     # The server's flags ask for float32 on the CPU, where the C++ kernels serve (when a compiler is there).
     # Its execution plan: every decode step's layers in one compiled call, over fbgemm's fp16 weights.
     engine = {"attention_backend": "cpu", "dtype": "float32", "weight_dtype": "float16", "quantization": "none",
-              "device": "cpu", "tensor_parallel_size": "1", "cpu_kernels": executable_variants()[-1].name,
+              "device": "cpu", "tensor_parallel_size": "1", "cpu_kernels": chosen_variant().name,
               "decode_path": "one-call",
               "linear_kernels": "qkv=fbgemm-fp16,o_proj=fbgemm-fp16,gate_up=fbgemm-fp16,down=fbgemm-fp16,"
                                 "lm_head=fbgemm-fp16 in 12 slices",
