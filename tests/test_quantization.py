@@ -223,7 +223,7 @@ def test_every_variant_s_rows_match_the_torch_oracle(variant, method, dtype):
     above run only this CPU's best. In ``avx2`` (Zen 3's), a few rows take the 16-bit (int4 at one row: split-byte)
     vector kernels, and from nine rows outputs in sixteens take the 16-bit integer panels: x rounded a block of 32
     features at a time, or a slice of 256 where every slice lies in one of the weights' groups (int8's one scale an
-    output: 576 features are two slices and one of 64; groups of 512), six rows a register tile (9, 13, 12 and 128
+    output: 576 features are two slices and one of 64; groups of 512), six rows a register tile (9, 10, 13 and 128
     rows end in a part-filled one), 32 features one block. One feature 50 times the rest rounds only its own span
     coarser."""
     compiled = cpu.load_variant(variant)
