@@ -244,6 +244,21 @@ def test_every_variant_s_rows_match_the_torch_oracle(variant, method, dtype):
         assert bool((error <= rounding * 1.001 + slack * expected.abs().max()).all()), (rows, outputs, inputs)
 
 
+@pytest.mark.parametrize("variant", executable_variants(), ids=lambda variant: variant.name)
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 12])
+def test_every_variant_sums_full_scale_int8_spans_within_int32(variant, rows):
+    """int8's few rows sum a span of up to 128 blocks in 32-bit integer lanes (span_rows.h). With every code and
+    every rounded feature at full scale, a span of 128 blocks brings an AVX2 lane to 99% of 2^31; a row of 264
+    blocks summed as one span would wrap on every variant's lanes."""
+    compiled = cpu.load_variant(variant)
+    assert compiled is not None, f"the {variant.name} kernels must be built at install"
+    weight = quantize(torch.full((16, 8448), 0.5), "int8")
+    x = torch.ones(rows, 8448)
+    x[1::2] = -1
+    y = compiled.int8_linear(x, *weight.tensors)
+    assert torch.allclose(y, 0.5 * x.sum(dim=1, keepdim=True).expand(rows, 16), rtol=1e-4)
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize(("rows", "dtype"), [(2, torch.float32), (3, torch.float32), (5, torch.float32),

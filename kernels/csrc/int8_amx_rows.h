@@ -17,8 +17,8 @@
 #include <cstdint>
 
 #include "amx_tiles.h"
-#include "int8_vnni_rows.h"
 #include "lane_sums.h"
+#include "span_rows.h"
 #include "tile_rows.h"
 
 #if defined(VIGIL_AMX) && defined(__AMX_INT8__)

@@ -6,7 +6,7 @@
 // A few rows (up to 8) read each output's codes once, straight into registers: at batch 1 the step is bound by
 // reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32 bytes. Those rows are first
 // rounded to 16-bit integers, a scale per block of 32 features (or per span of them, where the weights' groups
-// allow: int8_few_rows_in_slices), so that the dot products run as integer multiply-adds: int4's as byte
+// allow: span_rows.h), so that the dot products run as integer multiply-adds: int4's as byte
 // multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one row with AVX2
 // (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its block's (span's)
 // largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
@@ -37,6 +37,7 @@
 #include "int8_vnni_rows.h"
 #include "rounded_block.h"
 #include "simd_load.h"
+#include "span_rows.h"
 
 namespace {
 
@@ -227,24 +228,19 @@ struct Int16Rows {
   std::vector<float> group_sums;
 };
 
-// A block's scale is its largest magnitude over 32767, or its span's: each run of span_blocks blocks (the last may
-// be shorter) rounds against the largest magnitude over the run.
+// A block's scale is its largest magnitude over 32767.
 template <typename X>
-Int16Rows round_rows(const X* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size, int64_t span_blocks = 1) {
+Int16Rows round_rows(const X* xp, int64_t ldx, int64_t R, int64_t K, int64_t group_size) {
   const int64_t blocks = K / kBlock, groups = K / group_size;
   Int16Rows out{std::vector<int16_t>(R * K), std::vector<float>(R * blocks), std::vector<float>(R * groups, 0.f)};
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t span = 0; span < blocks; span += span_blocks) {
-      const int64_t span_end = std::min(blocks, span + span_blocks);
-      const float amax = vigil::largest_magnitude(xp + r * ldx + span * kBlock, (span_end - span) * kBlock);
-      for (int64_t b = span; b < span_end; ++b) {
-        const vigil::RoundedBlock block = vigil::round_block(xp + r * ldx + b * kBlock, 32767.f, amax);
-        int16_t* q = out.codes.data() + (b * R + r) * kBlock;
-        for (int half = 0; half < 2; ++half)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16 * half), vigil::block_words(block, half));
-        out.scales[b * R + r] = amax / 32767.f;
-        out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
-      }
+    for (int64_t b = 0; b < blocks; ++b) {
+      const vigil::RoundedBlock block = vigil::round_block(xp + r * ldx + b * kBlock, 32767.f);
+      int16_t* q = out.codes.data() + (b * R + r) * kBlock;
+      for (int half = 0; half < 2; ++half)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16 * half), vigil::block_words(block, half));
+      out.scales[b * R + r] = block.amax / 32767.f;
+      out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
     }
   return out;
 }
@@ -306,14 +302,13 @@ void few_rows_into(const Int16Rows& xq, int64_t K, int64_t N, const Rows& w, T* 
 #endif
 
 #if defined(VIGIL_AVX2) && !defined(__AVX512F__)
-// int8 where every slice of 256 features lies in one of the weights' groups (one scale an output): x rounded a
-// slice at a time (round_rows' spans), so that a row's sums over a slice stay in 32-bit integers (256 features of
-// 32767 x 127 stay under 2^30) and take their scales once a slice: two multiply-adds and two adds a block and row,
-// where few_rows_into also converts, multiplies and adds in fp32 every block.
+// int8 with AVX2 alone, where the weights' groups are long (span_rows.h): a row's sums over a span stay in 32-bit
+// integers and take their scales once a span, two multiply-adds and two adds a block and row, where few_rows_into
+// also converts, multiplies and adds in fp32 every block.
 template <int64_t R, typename T>
-void int8_few_rows_in_slices(const Int16Rows& xq, int64_t K, int64_t N, const Int8Rows& w, T* yp) {
+void int8_few_rows_in_spans(const vigil::SpanRows& xq, int64_t K, int64_t N, const Int8Rows& w, T* yp) {
   at::parallel_for(0, N, 16, [&, K, N](int64_t first, int64_t last) {
-    const int64_t blocks = K / kBlock, span_blocks = vigil::kPanelFeatures / kBlock, group_size = w.group_size;
+    const int64_t blocks = K / kBlock, blocks_per_group = w.group_size / kBlock;
     const int16_t* const x_codes = xq.codes.data();
     const float* const x_scales = xq.scales.data();
     const uint8_t* const end = reinterpret_cast<const uint8_t*>(w.w) + last * K;
@@ -321,11 +316,11 @@ void int8_few_rows_in_slices(const Int16Rows& xq, int64_t K, int64_t N, const In
       const uint8_t* codes = reinterpret_cast<const uint8_t*>(w.w) + n * K;
       vigil::prefetch_ahead(codes, K, end);
       alignas(32) float totals[R][kLanes] = {};
-      for (int64_t span = 0; span < blocks; span += span_blocks) {
+      vigil::for_each_span(blocks, blocks_per_group, [&](int64_t span, int64_t begin, int64_t stop, int64_t group) {
         __m256i sums[R];
 #pragma GCC unroll 8
         for (int64_t r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-        for (int64_t b = span; b < std::min(blocks, span + span_blocks); ++b) {
+        for (int64_t b = begin; b < stop; ++b) {
           __m256i first_half, second_half;
           Int8Rows::widen(codes + b * kBlock, first_half, second_half);
           const __m256i* x = reinterpret_cast<const __m256i*>(x_codes + b * R * kBlock);
@@ -337,13 +332,13 @@ void int8_few_rows_in_slices(const Int16Rows& xq, int64_t K, int64_t N, const In
             sums[r] = sum;
           }
         }
-        const float scale = w.scale(n, span * kBlock / group_size);
+        const float scale = w.scale(n, group);
 #pragma GCC unroll 8
         for (int64_t r = 0; r < R; ++r)
           _mm256_store_ps(totals[r], _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]),
                                                      _mm256_set1_ps(x_scales[span * R + r] * scale),
                                                      _mm256_load_ps(totals[r])));
-      }
+      });
 #pragma GCC unroll 8
       for (int64_t r = 0; r < R; ++r) yp[r * N + n] = static_cast<T>(vigil::horizontal_sum(_mm256_load_ps(totals[r])));
     }
@@ -402,9 +397,8 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
                 vigil::round_rows_to_split_bytes<2>(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
           else if constexpr (std::is_same_v<Rows, Int8Rows>)
             if (vigil::span_blocks_for(rows_of_w) > 1)
-              int8_few_rows_in_slices<R>(
-                  round_rows(xp, ldx, R, K, rows_of_w.group_size, vigil::span_blocks_for(rows_of_w)), K, N, rows_of_w,
-                  yp);
+              int8_few_rows_in_spans<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N,
+                                        rows_of_w, yp);
             else
               few_rows_into<R, S>(round_rows(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
           else

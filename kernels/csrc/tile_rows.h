@@ -1,5 +1,5 @@
 // Rows of x for the quantised kernels on AMX tiles (int8_amx_rows.h, int4_amx_rows.h): each row rounded to 16-bit
-// integers with a scale per span, as int8_vnni_rows.h rounds it but against 127 * 256, and split into a high and a
+// integers with a scale per span, as span_rows.h rounds it but against 127 * 256, and split into a high and a
 // low signed byte (x = 256 * high + low), laid out as B tiles of eight rows each: column 2r the high bytes of the
 // tile's row r, column 2r + 1 its low ones, so that one tile multiply gives eight rows' high and low sums at once.
 #pragma once
@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "int8_vnni_rows.h"
 #include "rounded_block.h"
+#include "span_rows.h"
 #include "split_byte_rows.h"
 
 #if defined(VIGIL_AVX2) && defined(__AVX512F__)
@@ -29,7 +29,7 @@ struct TileRows {
   std::vector<float> group_sums;
 };
 
-// Spans as int8_vnni_rows.h's: runs of at most 128 blocks within each group of span_group_size features.
+// Spans as span_rows.h's: runs of at most 128 blocks within each group of span_group_size features.
 template <typename X>
 TileRows round_rows_into_tiles(const X* xp, int64_t ldx, int64_t R, int64_t K, int64_t span_group_size,
                                int64_t sum_group_size) {
