@@ -33,28 +33,72 @@ inline float dot(const float* q, const T* k, int64_t dim) {
 }
 
 #ifdef VIGIL_AVX2
-template <typename T>
-inline float dot_avx2(const float* q, const T* k, int64_t dim) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  for (int64_t d = 0; d < dim; d += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), vigil::load8(k + d), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), vigil::load8(k + d + 8), a1);
+// Lane i of the result is the horizontal sum of the i-th of eight vectors (`sums`, one after another), each added
+// in horizontal_sum's order, so that a score's bits do not depend on where among the eight its token fell.
+inline __m256 eight_horizontal_sums(const float* sums) {
+  __m256 halves[4];  // lanes 0-3: vector 2i's lane j plus its lane j + 4; lanes 4-7: vector 2i + 1's
+  for (int i = 0; i < 4; ++i) {
+    const __m256 a = _mm256_loadu_ps(sums + 16 * i), b = _mm256_loadu_ps(sums + 16 * i + 8);
+    halves[i] = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
   }
-  const __m256 s = _mm256_add_ps(a0, a1);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
+  __m256 pairs[2];  // each 128-bit lane: one vector's (lane 0 + lane 2) and (lane 1 + lane 3), then another's
+  for (int i = 0; i < 2; ++i) {
+    const __m256d a = _mm256_castps_pd(halves[2 * i]), b = _mm256_castps_pd(halves[2 * i + 1]);
+    pairs[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+  }
+  const __m256 sums_in_pairs = _mm256_add_ps(_mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // Vectors 0, 2, 4, 6 then 1, 3, 5, 7.
+  return _mm256_permutevar8x32_ps(sums_in_pairs, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
-#endif
 
-template <typename T>
-inline float score(const float* q, const T* k, int64_t dim) {
-#ifdef VIGIL_AVX2
-  if (dim % 16 == 0) return dot_avx2(q, k, dim);
-#endif
-  return dot(q, k, dim);
+// scores[h * span + t] for `Heads` query heads of one KV head, token t: the key row widened once for all of them,
+// and every eighth token (and the last) the eight tokens' sums reduced together. `partial` holds Heads x 8 vectors.
+template <int Heads, typename T>
+inline void head_scores_avx2(const float* queries, const T* key, int64_t t, int64_t span, int64_t dim,
+                             float* partial, float* scores) {
+  __m256 even[Heads], odd[Heads];
+  for (int h = 0; h < Heads; ++h) even[h] = odd[h] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < dim; d += 16) {
+    const __m256 first = vigil::load8(key + d), second = vigil::load8(key + d + 8);
+    for (int h = 0; h < Heads; ++h) {
+      even[h] = _mm256_fmadd_ps(_mm256_loadu_ps(queries + h * dim + d), first, even[h]);
+      odd[h] = _mm256_fmadd_ps(_mm256_loadu_ps(queries + h * dim + d + 8), second, odd[h]);
+    }
+  }
+  const int64_t slot = t % 8;
+  for (int h = 0; h < Heads; ++h) _mm256_storeu_ps(partial + (h * 8 + slot) * 8, _mm256_add_ps(even[h], odd[h]));
+  if (slot < 7 && t + 1 < span) return;
+  for (int h = 0; h < Heads; ++h) {
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, eight_horizontal_sums(partial + h * 64));
+    std::copy(sums, sums + slot + 1, scores + h * span + t - slot);
+  }
 }
+
+// The score pass over one token row (every KV head of the task): query heads of each KV head in runs of at most
+// four, so that a run's sums stay in registers.
+template <typename T>
+inline void row_scores_avx2(const float* queries, const T* row, int64_t t, int64_t span, int64_t dim,
+                            int64_t head_stride, int64_t task_heads, int64_t group, float* partial, float* scores) {
+  for (int64_t first = 0; first < task_heads;) {
+    const int64_t count = std::min<int64_t>(4, group - first % group);
+    const T* key = row + (first / group) * head_stride;
+    const float* q = queries + first * dim;
+    float* part = partial + first * 64;
+    float* out = scores + first * span;
+    if (count == 4)
+      head_scores_avx2<4>(q, key, t, span, dim, part, out);
+    else if (count == 3)
+      head_scores_avx2<3>(q, key, t, span, dim, part, out);
+    else if (count == 2)
+      head_scores_avx2<2>(q, key, t, span, dim, part, out);
+    else
+      head_scores_avx2<1>(q, key, t, span, dim, part, out);
+    first += count;
+  }
+}
+#endif
 
 template <typename T>
 inline void axpy(float* out, float weight, const T* v, int64_t dim) {
@@ -63,7 +107,7 @@ inline void axpy(float* out, float weight, const T* v, int64_t dim) {
 
 #ifdef VIGIL_AVX2
 // acc[h][c:c+32] += sum over tokens of weights[h][t] * V[t][c:c+32] for `Heads` query heads of one KV head:
-// 32 columns of each head stay in registers (Heads * 4 + 4 of the 16) for the whole sweep over the tokens. Each
+// 32 columns of each head stay in registers for the whole sweep over the tokens. Each
 // row is fetched a block ahead: the columns read, or in the first sweep `ahead_bytes` of it where that is not 0.
 template <int Heads, typename T>
 inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t first, int64_t len,
@@ -88,15 +132,14 @@ inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t 
           __builtin_prefetch(next + i * token_stride + 16);
         }
         const T* v = base + i * token_stride;
-        const __m256 v0 = vigil::load8(v), v1 = vigil::load8(v + 8);
-        const __m256 v2 = vigil::load8(v + 16), v3 = vigil::load8(v + 24);
         const int64_t t = b * block_size + i - first;
-        for (int h = 0; h < Heads; ++h) {
-          const __m256 w = _mm256_set1_ps(weights[h * span + t]);
-          sums[h][0] = _mm256_fmadd_ps(w, v0, sums[h][0]);
-          sums[h][1] = _mm256_fmadd_ps(w, v1, sums[h][1]);
-          sums[h][2] = _mm256_fmadd_ps(w, v2, sums[h][2]);
-          sums[h][3] = _mm256_fmadd_ps(w, v3, sums[h][3]);
+        // The heads' weights first, then a vector of values at a time: three heads' 12 sums, their weights and
+        // one vector of values fill the 16 registers, where four vectors of values at once spilled a sum.
+        __m256 w[Heads];
+        for (int h = 0; h < Heads; ++h) w[h] = _mm256_set1_ps(weights[h * span + t]);
+        for (int k = 0; k < 4; ++k) {
+          const __m256 values_k = vigil::load8(v + 8 * k);
+          for (int h = 0; h < Heads; ++h) sums[h][k] = _mm256_fmadd_ps(w[h], values_k, sums[h][k]);
         }
       }
     }
@@ -180,7 +223,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
   vigil::TaskQueue queue(num_seqs * tasks_per_seq * parts);
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<float> queries(task_heads * dim), scores, acc(task_heads * dim);
+    std::vector<float> queries(task_heads * dim), scores, acc(task_heads * dim), partial(task_heads * 64);
     for (int64_t task = queue.take(); task < queue.count(); task = queue.take()) {
       const int64_t unit = task / parts, seq = unit / tasks_per_seq;
       const int64_t first_kv_head = (unit % tasks_per_seq) * heads_per_task;
@@ -207,8 +250,15 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       scores.resize(task_heads * span);
       for_each_token(k_ptr + head_offset, table, first, len, block_size, block_stride, token_stride, row_bytes,
                      [&](int64_t t, const T* row) {
+#ifdef VIGIL_AVX2
+                       if (dim % 16 == 0) {
+                         row_scores_avx2(queries.data(), row, t, span, dim, head_stride, task_heads, group,
+                                         partial.data(), scores.data());
+                         return;
+                       }
+#endif
                        for (int64_t h = 0; h < task_heads; ++h)
-                         scores[h * span + t] = score(&queries[h * dim], row + (h / group) * head_stride, dim);
+                         scores[h * span + t] = dot(&queries[h * dim], row + (h / group) * head_stride, dim);
                      });
       for (int64_t h = 0; h < task_heads; ++h) part_results.record(task, h, vigil::softmax(&scores[h * span], span));
       std::fill(acc.begin(), acc.end(), 0.f);
