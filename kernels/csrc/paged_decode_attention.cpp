@@ -2,9 +2,10 @@
 // A task computes every query head of a sequence's KV heads (all of them, or one when sequences are few and short)
 // over its keys, or over one part of them when sequences are few and long (split_decode.h).
 // Queries and outputs are fp32; the cache may be fp32, bf16, fp16 or fp8, widened as it is read. bf16 queries over
-// a bf16 or fp8 cache take paged_decode_bf16.cpp instead where the CPU has AVX512-BF16. With AVX2 the dot
-// products and the weighted sum of values use FMA directly; elsewhere the loops are written so that GCC
-// vectorises them: fixed 8-wide partial sums instead of reductions, and a polynomial exp with no library call.
+// a bf16 or fp8 cache take paged_decode_bf16.cpp instead where the CPU has AVX512-BF16. With AVX2 a key row is
+// widened once for a run of query heads, eight tokens' scores are reduced together, and the weighted sum of values
+// keeps a run's sums in registers (FMA directly); elsewhere the loops are written so that GCC vectorises them:
+// fixed 8-wide partial sums instead of reductions, and a polynomial exp with no library call.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
