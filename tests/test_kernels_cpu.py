@@ -279,14 +279,18 @@ def test_bf16_prefill_follows_scores_that_rise_along_the_context(compiled, head_
 
 
 @pytest.mark.parametrize("window", [0, 37])
-def test_bf16_prefill_gives_a_token_the_same_bits_however_its_prompt_is_chunked(compiled, window):
+@pytest.mark.parametrize(("dtype", "cache_dtype"), [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float16),
+                                                    (torch.float32, torch.float32)])
+def test_prefill_gives_a_token_the_same_bits_however_its_prompt_is_chunked(compiled, window, dtype, cache_dtype):
     """What the batch-invariant backend relies on: a prompt's last rows, attended as a later chunk over the cached
-    rest and beside another sequence, are the bits they are when the whole prompt is one chunk."""
+    rest and beside another sequence, are the bits they are when the whole prompt is one chunk. fp32 queries over
+    an fp16 cache are Zen 3's default; there each row's scores and sums are one chain of FMAs wherever the row
+    falls in a tile (the rows past the last whole tile once took another, scalar, chain)."""
     generator = torch.Generator().manual_seed(7)
     lengths = [300, 90]
-    k_cache, v_cache, tables = random_paged_cache(generator, lengths, 16, 3, 64, torch.bfloat16)
-    q = torch.randn(300, 9, 64, generator=generator).bfloat16()
-    other = torch.randn(90, 9, 64, generator=generator).bfloat16()
+    k_cache, v_cache, tables = random_paged_cache(generator, lengths, 16, 3, 64, cache_dtype)
+    q = torch.randn(300, 9, 64, generator=generator).to(dtype)
+    other = torch.randn(90, 9, 64, generator=generator).to(dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
 
     def attend(queries: torch.Tensor, new: list[int]) -> torch.Tensor:
