@@ -108,8 +108,8 @@ inline void axpy(float* out, float weight, const T* v, int64_t dim) {
 
 #ifdef VIGIL_AVX2
 // acc[h][c:c+32] += sum over tokens of weights[h][t] * V[t][c:c+32] for `Heads` query heads of one KV head:
-// 32 columns of each head stay in registers for the whole sweep over the tokens. Each
-// row is fetched a block ahead: the columns read, or in the first sweep `ahead_bytes` of it where that is not 0.
+// 32 columns of each head stay in registers for the whole sweep over the tokens. Each row is fetched a block
+// ahead: the columns read, or in the first sweep `ahead_bytes` of it where that is not 0.
 template <int Heads, typename T>
 inline void weighted_values_avx2(const T* values, const int32_t* table, int64_t first, int64_t len,
                                 int64_t block_size, int64_t block_stride, int64_t token_stride, const float* weights,

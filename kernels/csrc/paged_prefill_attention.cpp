@@ -5,8 +5,9 @@
 // shares that KV head; its rows are (token, query head) pairs. Keys are visited in chunks of 16 tokens. Each chunk
 // is widened to fp32 once from the cache's dtype, K transposed, and every row of the tile uses it: scores are a
 // [rows x dim] . [dim x 16] product and the weighted values a [rows x 16] . [16 x dim] one, both register-blocked
-// (with AVX2 six rows by 16 keys, two loads a 12 FMAs, and two rows by 32 columns). Every row's sums are the same
-// chain of FMAs wherever it falls in a tile. Softmax runs on whole rows between the two passes. bf16 queries over a bf16 or fp8 cache take paged_prefill_bf16.cpp instead where the CPU has AVX512-BF16.
+// (with AVX2 six rows by 16 keys, eight loads for 12 FMAs, and two rows by 32 columns). Every row's sums are the
+// same chain of FMAs wherever it falls in a tile. Softmax runs on whole rows between the two passes. bf16 queries
+// over a bf16 or fp8 cache take paged_prefill_bf16.cpp instead where the CPU has AVX512-BF16.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
