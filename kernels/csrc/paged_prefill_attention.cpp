@@ -19,6 +19,7 @@
 #include "paged_attention_entry.h"
 #include "paged_prefill_amx.h"
 #include "simd_load.h"
+#include "transpose8.h"
 #include "vector_math.h"
 
 namespace {
@@ -114,6 +115,24 @@ void widen(const T* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+// keys [dim, kChunk]: the chunk's `count` key rows (row_of(j) the j-th), widened into key_rows [kChunk, dim] and
+// transposed; zero past count.
+template <typename T, typename RowOf>
+void transposed_keys(const RowOf& row_of, int64_t count, int64_t dim, float* key_rows, float* keys) {
+  for (int64_t j = 0; j < count; ++j) widen(row_of(j), key_rows + j * dim, dim);
+  std::fill(key_rows + count * dim, key_rows + kChunk * dim, 0.f);
+#ifdef VIGIL_AVX2
+  if (dim % 8 == 0) {
+    for (int64_t j = 0; j < kChunk; j += 8)
+      for (int64_t d = 0; d < dim; d += 8)
+        vigil::transpose8(key_rows + j * dim + d, dim, keys + d * kChunk + j, kChunk);
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < kChunk; ++j)
+    for (int64_t d = 0; d < dim; ++d) keys[d * kChunk + j] = key_rows[j * dim + d];
+}
+
 template <typename T>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
              const std::vector<int64_t>& cu_seqlens, const std::vector<int64_t>& seq_lens, double scale,
@@ -132,7 +151,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 
   vigil::TaskQueue queue(static_cast<int64_t>(tasks.size()));
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<float> queries, scores, acc, key(dim), keys(dim * kChunk), values(kChunk * dim);
+    std::vector<float> queries, scores, acc, key_rows(kChunk * dim), keys(dim * kChunk), values(kChunk * dim);
     for (int64_t index = queue.take(); index < queue.count(); index = queue.take()) {
       const vigil::PrefillTask& task = tasks[index];
       const int64_t num_new = cu_seqlens[task.seq + 1] - cu_seqlens[task.seq];
@@ -164,11 +183,8 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       scores.resize(rows * width);
       for (int64_t c = first_chunk; c < chunks; ++c) {
         const int64_t count = std::min(kChunk, span - c * kChunk);
-        std::fill(keys.begin(), keys.end(), 0.f);
-        for (int64_t j = 0; j < count; ++j) {
-          widen(row_of(k_ptr, c * kChunk + j), key.data(), dim);
-          for (int64_t d = 0; d < dim; ++d) keys[d * kChunk + j] = key[d];
-        }
+        transposed_keys<T>([&](int64_t j) { return row_of(k_ptr, c * kChunk + j); }, count, dim, key_rows.data(),
+                           keys.data());
         chunk_scores(queries.data(), rows, keys.data(), dim, scores.data() + c * kChunk - base, width);
       }
       for (int64_t r = 0; r < rows; ++r) {
