@@ -392,17 +392,18 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
             vigil::int8_rows_by_vnni<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N,
                                         rows_of_w, yp);
 #else
-          if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1)
+          if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1) {
             vigil::int4_few_rows_by_bytes<R, S>(
                 vigil::round_rows_to_split_bytes<2>(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
-          else if constexpr (std::is_same_v<Rows, Int8Rows>)
-            if (vigil::span_blocks_for(rows_of_w) > 1)
+            return;
+          }
+          if constexpr (std::is_same_v<Rows, Int8Rows>)
+            if (vigil::span_blocks_for(rows_of_w) > 1) {
               int8_few_rows_in_spans<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N,
                                         rows_of_w, yp);
-            else
-              few_rows_into<R, S>(round_rows(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
-          else
-            few_rows_into<R, S>(round_rows(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
+              return;
+            }
+          few_rows_into<R, S>(round_rows(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
 #endif
         });
     return;
