@@ -22,6 +22,8 @@
 namespace {
 
 constexpr int64_t kLanes = 8;
+// A query head's partial sums awaiting their reduction (head_scores_avx2): eight tokens' vectors of eight lanes.
+constexpr int64_t kHeadPartials = 8 * kLanes;
 
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t dim) {
@@ -54,7 +56,8 @@ inline __m256 eight_horizontal_sums(const float* sums) {
 }
 
 // scores[h * span + t] for `Heads` query heads of one KV head, token t: the key row widened once for all of them,
-// and every eighth token (and the last) the eight tokens' sums reduced together. `partial` holds Heads x 8 vectors.
+// and every eighth token (and the last) the eight tokens' sums reduced together. `partial` holds Heads x
+// kHeadPartials floats.
 template <int Heads, typename T>
 inline void head_scores_avx2(const float* queries, const T* key, int64_t t, int64_t span, int64_t dim,
                              float* partial, float* scores) {
@@ -72,7 +75,7 @@ inline void head_scores_avx2(const float* queries, const T* key, int64_t t, int6
   if (slot < 7 && t + 1 < span) return;
   for (int h = 0; h < Heads; ++h) {
     alignas(32) float sums[8];
-    _mm256_store_ps(sums, eight_horizontal_sums(partial + h * 64));
+    _mm256_store_ps(sums, eight_horizontal_sums(partial + h * kHeadPartials));
     std::copy(sums, sums + slot + 1, scores + h * span + t - slot);
   }
 }
@@ -86,7 +89,7 @@ inline void row_scores_avx2(const float* queries, const T* row, int64_t t, int64
     const int64_t count = std::min<int64_t>(4, group - first % group);
     const T* key = row + (first / group) * head_stride;
     const float* q = queries + first * dim;
-    float* part = partial + first * 64;
+    float* part = partial + first * kHeadPartials;
     float* out = scores + first * span;
     if (count == 4)
       head_scores_avx2<4>(q, key, t, span, dim, part, out);
@@ -224,7 +227,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
   vigil::TaskQueue queue(num_seqs * tasks_per_seq * parts);
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<float> queries(task_heads * dim), scores, acc(task_heads * dim), partial(task_heads * 64);
+    std::vector<float> queries(task_heads * dim), scores, acc(task_heads * dim), partial(task_heads * kHeadPartials);
     for (int64_t task = queue.take(); task < queue.count(); task = queue.take()) {
       const int64_t unit = task / parts, seq = unit / tasks_per_seq;
       const int64_t first_kv_head = (unit % tasks_per_seq) * heads_per_task;

@@ -117,7 +117,7 @@ void widen(const T* src, float* dst, int64_t n) {
 
 // keys [dim, kChunk]: the chunk's `count` key rows (row_of(j) the j-th), widened into key_rows [kChunk, dim] and
 // transposed; zero past count.
-template <typename T, typename RowOf>
+template <typename RowOf>
 void transposed_keys(const RowOf& row_of, int64_t count, int64_t dim, float* key_rows, float* keys) {
   for (int64_t j = 0; j < count; ++j) widen(row_of(j), key_rows + j * dim, dim);
   std::fill(key_rows + count * dim, key_rows + kChunk * dim, 0.f);
@@ -183,8 +183,8 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       scores.resize(rows * width);
       for (int64_t c = first_chunk; c < chunks; ++c) {
         const int64_t count = std::min(kChunk, span - c * kChunk);
-        transposed_keys<T>([&](int64_t j) { return row_of(k_ptr, c * kChunk + j); }, count, dim, key_rows.data(),
-                           keys.data());
+        transposed_keys([&](int64_t j) { return row_of(k_ptr, c * kChunk + j); }, count, dim, key_rows.data(),
+                        keys.data());
         chunk_scores(queries.data(), rows, keys.data(), dim, scores.data() + c * kChunk - base, width);
       }
       for (int64_t r = 0; r < rows; ++r) {
