@@ -1,10 +1,12 @@
-"""``python -m server bench offline|telemetry|http|serve|routing|spec|quant``: the engine beside Hugging Face
+"""``python -m server bench offline|telemetry|http|serve|e2e|routing|spec|quant``: the engine beside Hugging Face
 transformers, with telemetry on and off, or beside itself served over HTTP; ``serve`` load-tests any
-OpenAI-compatible server; ``routing`` weighs the auto alias against always the large model; ``spec`` weighs
+OpenAI-compatible server; ``e2e`` starts Vigil's configurations and llama-server and weighs them so;
+``routing`` weighs the auto alias against always the large model; ``spec`` weighs
 speculative decoding against none; ``quant`` weighs quantised weights against unquantised."""
 
 import argparse
 
+from server.bench.end_to_end.options import add_arguments as add_e2e_args
 from server.bench.routing_options import add_arguments as add_routing_args
 from server.bench.serve.options import add_arguments as add_serve_args
 from server.engine_args import add_engine_args
@@ -52,6 +54,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_workload_args(quant, output_len=64, rounds=3)
     add_engine_args(quant)
     quant.set_defaults(func=run_quant)
+    e2e = modes.add_parser("e2e", help="the end-to-end table: int8, int4 and n-gram speculation against the "
+                           "default, and against llama-server, at each concurrency, every server started here")
+    add_e2e_args(e2e)
+    e2e.set_defaults(func=run_e2e)
     routing = modes.add_parser("routing", help="a mixed workload through the auto alias vs always the large model: "
                                "CPU seconds per 1000 requests and latency")
     add_routing_args(routing)
@@ -81,6 +87,12 @@ def _add_workload_args(
     if rounds is not None:
         group.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
     group.add_argument("--seed", type=int, default=0)
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    from server.bench.end_to_end.run import run
+
+    return run(args)
 
 
 def run_spec(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from server.bench.local_server import free_port
+from server.bench.local_server import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS_CONFIG = ROOT / "deploy/prometheus.yml"
@@ -217,13 +217,7 @@ class Daemon:
         return response.json()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        stop_process(self.process, STOP_TIMEOUT_S)
         if not self._log.closed:
             self._log.close()
 

@@ -96,11 +96,16 @@ class LocalServer:
         return self.process.wait(timeout)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        stop_process(self.process)
         self._log.close()
+
+
+def stop_process(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM and wait, then SIGKILL if it is still running ``timeout`` seconds later."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
