@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vigil.add_argument("--speculative-config", metavar="JSON",
                        help="the speculation arm's (default: n-gram speculation's defaults)")
     vigil.add_argument("--vigil-args", type=shlex.split, default=[], metavar="FLAGS",
-                       help="more serve flags for every Vigil server, e.g. '--dtype float32'")
+                       help="more serve flags for every Vigil server, in one argument: --vigil-args='--dtype float32'")
     peer = parser.add_argument_group("llama.cpp's llama-server (docs/performance.md has the build recipe)")
     peer.add_argument("--llama-server", type=existing_file, metavar="PATH",
                       help="the binary; without it the llama-server cells are left out")
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     peer.add_argument("--bf16-gguf", type=existing_file, metavar="PATH",
                       help="its BF16 model, made by llama-quantize from the same weights")
     peer.add_argument("--llama-args", type=shlex.split, default=[], metavar="FLAGS",
-                      help="more llama-server flags, e.g. '--no-repack'")
+                      help="more llama-server flags, in one argument: --llama-args=--no-repack")
     out = parser.add_argument_group("results")
     out.add_argument("--result-json", type=Path,
                      help="default: bench-results/e2e-<time>.json; the servers' logs go beside it")
