@@ -24,7 +24,8 @@ constexpr float kLargestCode = 32512.f;
 // alike. So x meets the codes as they lie (a register's block j in bytes 16j-16j+15, its first half in the low
 // nibbles and its second in the high), and no code moves between lanes. A scale per block, the sum of x over
 // each group (for the weights' minimums), and each block's group, so that a step's weight scales are found without
-// a division. The last step is padded with blocks of zeros, in group 0.
+// a division. The sum of x over each block too, where a kernel meets the minimums a block at a time. The last step is
+// padded with blocks of zeros, in group 0.
 template <int64_t Blocks>
 struct SplitByteRows {
   static constexpr int64_t kPartBytes = 16 * Blocks;
@@ -34,6 +35,7 @@ struct SplitByteRows {
   std::vector<float> scales;          // [steps, R, Blocks], each block's (none with RowScale)
   std::vector<float> row_scales;      // [R], where one scale serves a row (RowScale)
   std::vector<float> group_sums;      // [R, groups]
+  std::vector<float> block_sums;      // [steps, R, Blocks], the sum of x over each block
   std::vector<int32_t> block_groups;  // [steps * Blocks]
 };
 
@@ -70,6 +72,7 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const X* xp, int64_t ldx, int64_
            std::vector<float>(RowScale ? 0 : steps * R * Blocks, 0.f),
            std::vector<float>(RowScale ? R : 0),
            std::vector<float>(R * groups, 0.f),
+           std::vector<float>(steps * R * Blocks, 0.f),
            std::vector<int32_t>(steps * Blocks, 0)};
   for (int64_t b = 0; b < blocks; ++b) out.block_groups[b] = static_cast<int32_t>(b * kBlock / group_size);
   for (int64_t r = 0; r < R; ++r) {
@@ -91,6 +94,7 @@ SplitByteRows<Blocks> round_rows_to_split_bytes(const X* xp, int64_t ldx, int64_
       _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 3 * part), _mm256_extracti128_si256(low_bytes, 1));
       if constexpr (!RowScale) out.scales[(step * R + r) * Blocks + slot] = block.amax / kLargestCode;
       out.group_sums[r * groups + b * kBlock / group_size] += block.sum;
+      out.block_sums[(step * R + r) * Blocks + slot] = block.sum;
     }
   }
   return out;
