@@ -68,6 +68,7 @@ def test_without_llama_server_its_cells_are_left_out_and_the_run_succeeds(tmp_pa
         (["--concurrency", "1,0"], "must be at least 1, got 0"),
         (["--llama-server", "/no/such/llama-server"], "no such file: /no/such/llama-server"),
         (["--vigil-args=--dtype 'float32"], "--vigil-args"),
+        (["--result-json", "/proc/e2e/r.json"], "bench e2e: [Errno"),
     ],
 )
 def test_bad_flags_exit_2_with_the_reason(flags, message):

@@ -48,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     result_json = args.result_json or Path(f"bench-results/e2e-{time.strftime('%Y%m%d-%H%M%S')}.json")
     log_dir = result_json.with_name(f"{result_json.stem}-logs")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    ggufs = {Peer.Q4_1: args.q4_gguf or default_model_path()}
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        ggufs = {Peer.Q4_1: args.q4_gguf or default_model_path()}
+    except OSError as error:
+        print(f"bench e2e: {error}", file=sys.stderr)
+        return 2
     if args.bf16_gguf:
         ggufs[Peer.BF16] = args.bf16_gguf
     launch = Launch(log_dir, ("--max-num-seqs", str(args.max_num_seqs), *args.vigil_args), args.max_num_seqs,
@@ -84,7 +88,7 @@ def run_cell(cell: Cell, launch: Launch, args: argparse.Namespace, tokenizer: To
             targets = {"A": target(url_a, cell.workload), "B": target(url_b, cell.workload)}
             result.summaries = measure(cell, targets, args, tokenizer)
     except (RuntimeError, TimeoutError, ServerUnreachable, OSError) as error:
-        result.failure = str(error).splitlines()[0]
+        result.failure = f"{str(error).splitlines()[0]} (logs: {launch.log_dir / name}-A.log and -B.log)"
         return result
     failed = {label: s.failed for label, s in result.summaries.items() if s.failed}
     if failed:
