@@ -27,6 +27,8 @@ from server.models.tokenizer import Tokenizer
 # A fresh server's first passes over new shapes are slow on the CPU: each one serves this many tokens a request
 # to as many requests as the cell's concurrency before the rounds.
 WARM_UP_TOKENS = 16
+# llama-server's context a slot: at least this, and room for the prompt, the output and bench spec's longer prompts.
+LEAST_SLOT_CONTEXT, SLOT_CONTEXT_MARGIN = 1024, 256
 
 
 @dataclass
@@ -56,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.bf16_gguf:
         ggufs[Peer.BF16] = args.bf16_gguf
+    slot_context = max(LEAST_SLOT_CONTEXT, args.input_len + args.output_len + SLOT_CONTEXT_MARGIN)
     launch = Launch(log_dir, ("--max-num-seqs", str(args.max_num_seqs), *args.vigil_args), args.max_num_seqs,
-                    len(os.sched_getaffinity(0)), args.llama_server, tuple(args.llama_args), ggufs)
+                    slot_context, len(os.sched_getaffinity(0)), args.llama_server, tuple(args.llama_args), ggufs)
     speculative_config = args.speculative_config or SpeculativeConfig().to_json()
     tokenizer = load_tokenizer(None)
     machine = this_machine().describe()

@@ -15,8 +15,6 @@ from server.bench.end_to_end.cells import GGUF_FLAG, Peer, Server
 from server.bench.local_server import LocalServer, free_port, stop_process
 
 READY_TIMEOUT_S = 300.0
-# llama-server's context is shared by its slots: this many tokens each, past 128 + 128 and bench spec's prompts.
-LLAMA_SLOT_CONTEXT = 1024
 
 
 @dataclass(frozen=True)
@@ -26,6 +24,7 @@ class Launch:
     log_dir: Path
     vigil_flags: tuple[str, ...]  # --max-num-seqs and the user's --vigil-args
     slots: int  # llama-server's -np, as Vigil's --max-num-seqs
+    slot_context: int  # tokens of llama-server's context a slot (its -c is shared by the slots)
     threads: int
     llama_server: Path | None
     llama_flags: tuple[str, ...]
@@ -36,7 +35,7 @@ class LlamaServer:
     def __init__(self, binary: Path, gguf: Path, launch: Launch, log_path: Path) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        context = LLAMA_SLOT_CONTEXT * launch.slots
+        context = launch.slot_context * launch.slots
         self.command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
                         "-t", str(launch.threads), "-np", str(launch.slots), "-c", str(context), *launch.llama_flags]
         self._log_path = log_path
