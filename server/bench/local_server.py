@@ -70,16 +70,10 @@ class LocalServer:
 
     def wait_ready(self, timeout: float, headers: Mapping[str, str] | None = None) -> Self:
         """Until /readyz answers 200; raises, after stopping the server, if it exits or the time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/readyz", headers=headers, timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
+        if answers_ok(self.process, f"{self.base_url}/readyz", timeout, headers):
+            return self
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log_tail()}")
         tail = self.log_tail()  # before stop() closes the log
         self.stop()
         raise TimeoutError(f"the server was not ready within {timeout:.0f}s:\n{tail}")
@@ -98,6 +92,22 @@ class LocalServer:
     def stop(self) -> None:
         stop_process(self.process)
         self._log.close()
+
+
+def answers_ok(process: subprocess.Popen, url: str, timeout: float,
+               headers: Mapping[str, str] | None = None) -> bool:
+    """Polls ``url`` until it answers 200 (True), or until the process exits or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            if httpx.get(url, headers=headers, timeout=5).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    return False
 
 
 def stop_process(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> None:

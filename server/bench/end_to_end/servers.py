@@ -3,16 +3,13 @@ llama.cpp's ``llama-server`` with a peer's GGUF."""
 
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from server.bench.end_to_end.cells import GGUF_FLAG, Peer, Server
-from server.bench.local_server import LocalServer, free_port, stop_process
+from server.bench.local_server import LocalServer, answers_ok, free_port, stop_process
 
 READY_TIMEOUT_S = 300.0
 
@@ -44,17 +41,11 @@ class LlamaServer:
 
     def wait_ready(self, timeout: float) -> None:
         """Until /health answers 200 (llama-server answers 503 while it loads the model)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {exit_status(self.process.returncode)} at start-up; "
-                                   f"its log: {self._log_path}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
+        if answers_ok(self.process, f"{self.base_url}/health", timeout):
+            return
+        if self.process.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {exit_status(self.process.returncode)} at start-up; "
+                               f"its log: {self._log_path}")
         raise TimeoutError(f"llama-server was not ready within {timeout:.0f}s; its log: {self._log_path}")
 
     def stop(self) -> None:
