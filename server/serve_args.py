@@ -3,6 +3,7 @@
 import argparse
 from pathlib import Path
 
+from server.argument_types import positive_int
 from server.config import JWTConfig, ServerConfig, TLSConfig, parse_bytes
 from server.config_values import LATENCY_BUCKETS, SLO_LATENCY_THRESHOLDS_S, TOOL_PARSER_NAMES
 
@@ -96,17 +97,11 @@ def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
                        help="comma-separated upper bounds, in seconds, for the latency histograms")
     group.add_argument("--disable-console", action="store_true",
                        help="no live console at /console (and no ring of series behind it)")
-    group.add_argument("--console-requests", type=_positive, default=50,
+    group.add_argument("--console-requests", type=positive_int, default=50,
                        help="finished requests the console's table lists, newest first")
     group.add_argument("--console-trace-url", default=None,
                        help="link the console's trace ids to a trace UI: its address of one trace, with {trace_id} "
                             "in it, e.g. http://localhost:16686/trace/{trace_id}")
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError("give a positive whole number")
-    return int(text)
 
 
 def _buckets(text: str) -> tuple[float, ...]:

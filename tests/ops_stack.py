@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from server.bench.local_server import free_port, stop_process
+from server.bench.local_server import answers_ok, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS_CONFIG = ROOT / "deploy/prometheus.yml"
@@ -193,18 +193,12 @@ class Daemon:
         self._wait_ready(ready_path)
 
     def _wait_ready(self, path: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.base_url + path, timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        if answers_ok(self.process, self.base_url + path, START_TIMEOUT_S):
+            return
+        exited = self.process.poll() is not None
         self.stop()
+        if exited:
+            raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
         raise TimeoutError(f"{self.name} was not ready within {START_TIMEOUT_S:g}s:\n{self.log()}")
 
     def log(self) -> str:

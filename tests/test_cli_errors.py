@@ -24,6 +24,7 @@ pytestmark = pytest.mark.server
                                                    "heads and 3 KV heads"),
         # Without 0.5 and 2 the latency SLO pages see no slow request (a 10 s TTFT fired nothing).
         (["serve", "--latency-buckets", "0.1,1,5,10"], "must include the latency SLOs' thresholds 0.5, 2"),
+        (["serve", "--console-requests", "0"], "argument --console-requests: must be at least 1, got 0"),
     ],
 )
 def test_bad_start_up_exits_2_with_one_line(argv: list[str], message: str) -> None:

@@ -4,6 +4,7 @@ import argparse
 import shlex
 from pathlib import Path
 
+from server.argument_types import positive_int
 from server.bench.end_to_end.cells import KEYS
 
 
@@ -46,16 +47,6 @@ def cell_keys(text: str) -> list[str]:
     if unknown or not keys:
         raise argparse.ArgumentTypeError(f"unknown cell {', '.join(unknown) or repr(text)}; known: {', '.join(KEYS)}")
     return keys
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def positive_ints(text: str) -> list[int]:
