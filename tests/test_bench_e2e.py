@@ -31,17 +31,20 @@ def test_a_run_measures_both_servers_of_each_cell_and_reports_a_peer_that_will_n
     result_json = tmp_path / "e2e.json"
     # /bin/false stands where llama-server goes: it exits at once, as a llama-server built for another CPU does.
     code = main(["bench", "e2e", "--cells", "int8,spec-repetitive,default-vs-llama-q4,default-vs-llama-bf16",
-                 "--llama-server", "/bin/false", "--result-json", str(result_json), *SMALL_RUN])  # fmt: skip
+                 "--llama-server", "/bin/false", "--result-json", str(result_json), *SMALL_RUN,
+                 "--rounds", "2"])  # fmt: skip
     assert code == 1, "a cell failed"
     out = capsys.readouterr().out
     cells = {cell["key"]: cell for cell in json.loads(result_json.read_text())["cells"]}
     for key in ("int8", "spec-repetitive"):
         cell = cells[key]
         a, b = cell["summaries"]["A"], cell["summaries"]["B"]
-        assert (a["completed"], b["completed"], a["failed"], b["failed"]) == (2, 2, 0, 0), key
-        assert a["output_tokens"] == b["output_tokens"] == 16, "ignore_eos: every request runs its 8 tokens"
+        assert (a["completed"], b["completed"], a["failed"], b["failed"]) == (4, 4, 0, 0), key
+        assert a["output_tokens"] == b["output_tokens"] == 32, "ignore_eos: every request runs its 8 tokens"
         assert cell["ratio"] == pytest.approx(a["output_throughput"] / b["output_throughput"])
-        assert f"= **{cell['ratio']:.2f}×**" in out
+        low, high = min(cell["round_ratios"]), max(cell["round_ratios"])
+        assert len(cell["round_ratios"]) == 2 and low > 0
+        assert f"= **{cell['ratio']:.2f}×** (rounds {low:.2f}-{high:.2f}×)" in out
         assert "--max-num-seqs" in cell["commands"]["B"] and "--quantization" not in cell["commands"]["B"]
     assert cells["int8"]["commands"]["A"][-2:] == ["--quantization", "int8"]
     assert "--speculative-config" in cells["spec-repetitive"]["commands"]["A"]

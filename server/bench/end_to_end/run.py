@@ -38,6 +38,7 @@ class CellResult:
     summaries: dict[str, Summary]
     skipped: str | None = None  # what the run lacked to start a server
     failure: str | None = None
+    round_ratios: list[float] = dataclasses.field(default_factory=list)  # A ÷ B each round: the noise
 
     @property
     def ratio(self) -> float | None:
@@ -89,7 +90,7 @@ def run_cell(cell: Cell, launch: Launch, args: argparse.Namespace, tokenizer: To
               running(cell.b, launch, f"{name}-B") as (url_b, command_b)):
             result.commands = {"A": command_a, "B": command_b}
             targets = {"A": target(url_a, cell.workload), "B": target(url_b, cell.workload)}
-            result.summaries = measure(cell, targets, args, tokenizer)
+            result.summaries, result.round_ratios = measure(cell, targets, args, tokenizer)
     except (RuntimeError, TimeoutError, ServerUnreachable, OSError) as error:
         result.failure = f"{str(error).splitlines()[0]} (logs: {launch.log_dir / name}-A.log and -B.log)"
         return result
@@ -105,7 +106,8 @@ def target(base_url: str, workload: Workload) -> Target:
 
 
 def measure(cell: Cell, targets: dict[str, Target], args: argparse.Namespace,
-            tokenizer: Tokenizer) -> dict[str, Summary]:
+            tokenizer: Tokenizer) -> tuple[dict[str, Summary], list[float]]:
+    """Both servers' summaries over every round, and A ÷ B in output tokens/s round by round."""
     count = args.num_prompts or max(8, 4 * cell.concurrency)
     # A seed no round draws.
     warm_up = random_requests(tokenizer, cell.concurrency, args.input_len, WARM_UP_TOKENS, args.seed + args.rounds)
@@ -119,8 +121,15 @@ def measure(cell: Cell, targets: dict[str, Target], args: argparse.Namespace,
         for label, server in targets.items():
             progress = f"{cell.title}: round {round_index + 1}/{args.rounds} {label}"
             runs[label].append(run_requests(server, requests, offsets, cell.concurrency, progress))
-    return {label: summarize(merged.records, merged.duration_s, None)
-            for label, merged in ((label, merge_runs(r)) for label, r in runs.items())}
+    summaries = {label: summarize(merged.records, merged.duration_s, None)
+                 for label, merged in ((label, merge_runs(r)) for label, r in runs.items())}
+    return summaries, [ratio for a, b in zip(runs["A"], runs["B"], strict=True)
+                       if (ratio := round_ratio(a, b)) is not None]
+
+
+def round_ratio(a: RunResult, b: RunResult) -> float | None:
+    throughput_b = summarize(b.records, b.duration_s, None).output_throughput
+    return summarize(a.records, a.duration_s, None).output_throughput / throughput_b if throughput_b else None
 
 
 def workload_requests(workload: Workload, tokenizer: Tokenizer, count: int, args: argparse.Namespace,
@@ -142,9 +151,13 @@ def row(result: CellResult) -> str:
         return f"| {result.cell.title} | {outcome} | | |"
     a, b = result.summaries["A"], result.summaries["B"]
     return (f"| {result.cell.title} | {a.output_throughput:.1f} / {b.output_throughput:.1f} = "
-            f"**{result.ratio:.2f}×** | {milliseconds(a, 'ttft', 'median')} against "
+            f"**{result.ratio:.2f}×**{spread(result.round_ratios)} | {milliseconds(a, 'ttft', 'median')} against "
             f"{milliseconds(b, 'ttft', 'median')} ms | {milliseconds(a, 'tpot', 'mean', 2)} against "
             f"{milliseconds(b, 'tpot', 'mean', 2)} ms |")
+
+
+def spread(round_ratios: list[float]) -> str:
+    return f" (rounds {min(round_ratios):.2f}-{max(round_ratios):.2f}×)" if len(round_ratios) > 1 else ""
 
 
 def milliseconds(summary: Summary, field: str, stat: str, digits: int = 0) -> str:
@@ -164,7 +177,7 @@ def write_json(path: Path, machine: str, args: argparse.Namespace, results: list
               if key not in ("func", "command", "mode")}
     cells = [{"key": r.cell.key, "title": r.cell.title, "concurrency": r.cell.concurrency,
               "workload": r.cell.workload.value, "a": r.cell.a.name, "b": r.cell.b.name, "ratio": r.ratio,
-              "skipped": r.skipped, "failure": r.failure, "commands": r.commands,
+              "round_ratios": r.round_ratios, "skipped": r.skipped, "failure": r.failure, "commands": r.commands,
               "summaries": {label: dataclasses.asdict(s) for label, s in r.summaries.items()}}
              for r in results]
     path.parent.mkdir(parents=True, exist_ok=True)
