@@ -386,7 +386,7 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
           constexpr int64_t S = std::max<int64_t>(1, Rows::kSideBySide / R);
 #ifdef __AVX512VNNI__
           if constexpr (std::is_same_v<Rows, Int4Rows>)
-            vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4, true>(xp, ldx, R, K, rows_of_w.group_size),
+            vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4>(xp, ldx, R, K, rows_of_w.group_size),
                                            K, N, rows_of_w, yp);
           else
             vigil::int8_rows_by_vnni<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N,
