@@ -42,9 +42,14 @@ class CellResult:
 
     @property
     def ratio(self) -> float | None:
-        if self.skipped or self.failure or not self.summaries["B"].output_throughput:
+        if self.skipped or self.failure:
             return None
-        return self.summaries["A"].output_throughput / self.summaries["B"].output_throughput
+        return throughput_ratio(self.summaries["A"], self.summaries["B"])
+
+
+def throughput_ratio(a: Summary, b: Summary) -> float | None:
+    """A ÷ B in output tokens/s; None where B gave none."""
+    return a.output_throughput / b.output_throughput if b.output_throughput else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,13 +128,9 @@ def measure(cell: Cell, targets: dict[str, Target], args: argparse.Namespace,
             runs[label].append(run_requests(server, requests, offsets, cell.concurrency, progress))
     summaries = {label: summarize(merged.records, merged.duration_s, None)
                  for label, merged in ((label, merge_runs(r)) for label, r in runs.items())}
-    return summaries, [ratio for a, b in zip(runs["A"], runs["B"], strict=True)
-                       if (ratio := round_ratio(a, b)) is not None]
-
-
-def round_ratio(a: RunResult, b: RunResult) -> float | None:
-    throughput_b = summarize(b.records, b.duration_s, None).output_throughput
-    return summarize(a.records, a.duration_s, None).output_throughput / throughput_b if throughput_b else None
+    round_ratios = (throughput_ratio(*(summarize(run.records, run.duration_s, None) for run in pair))
+                    for pair in zip(runs["A"], runs["B"], strict=True))
+    return summaries, [ratio for ratio in round_ratios if ratio is not None]
 
 
 def workload_requests(workload: Workload, tokenizer: Tokenizer, count: int, args: argparse.Namespace,
