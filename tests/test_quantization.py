@@ -75,8 +75,8 @@ def test_int4_refuses_weights_its_fp16_minimums_cannot_hold(bad):
 @settings(max_examples=40, deadline=None)
 @given(
     method=st.sampled_from(["int8", "int4"]),
-    # few rows (up to 8 on AVX2), AMX tiles (64 and 80 outputs: int4 from 5 rows to 16, int8 from 3 to 64 with 576
-    # and 1088 inputs), AVX2's panels and (AVX512-BF16, bf16 x) the dequantised GEMM from 9
+    # few rows (up to 8 on AVX2; with AVX-512 in passes of up to 8), AMX tiles (64 and 80 outputs: int4 from 5 rows
+    # to 16, int8 from 3 to 64 with 576 and 1088 inputs), AVX2's panels
     rows=st.integers(1, 20),
     outputs=st.sampled_from([4, 12, 64, 80]),
     inputs=st.sampled_from([32, 96, 576, 1088]),
@@ -106,18 +106,19 @@ def test_the_cpp_kernels_match_the_torch_oracle(compiled, method, rows, outputs,
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize(
     ("rows", "outputs", "inputs"),
-    [(9, 40, 576), (20, 64, 96), (33, 960, 576), (65, 48, 1536), (65, 960, 576), (100, 64, 1536), (192, 96, 576),
+    [(49, 40, 576), (52, 64, 96), (33, 960, 576), (65, 48, 1536), (65, 960, 576), (100, 64, 1536), (192, 96, 576),
      (200, 576, 96)],
 )
 def test_many_bf16_rows_match_the_torch_oracle(compiled, method, rows, outputs, inputs):
-    """Nine rows and more of bf16 x take the weights dequantised to bf16 where the AMX tiles of int4's decode
-    batches or int8's integer tiles do not take them (int4 past 64 rows, int8 past 64, outputs not in sixteens).
+    """49 rows and more of bf16 x take the weights dequantised to bf16 where the AMX tiles of int4's decode
+    batches or int8's integer tiles do not take them (int4 past 64 rows, int8 past 64, outputs not in sixteens);
+    fewer, the few-rows kernels in passes.
     With AMX, 65 to 192 rows against outputs in 32s take the strips: 32 outputs a task dequantised into tile A, two
     row groups a pass (65 and 100 rows end in a pass of one, part-filled); else a column pair of 32 outputs at a
     time, transposed into the tiles' layout, over every block of 32 rows (the last part-filled; 40 and 48 outputs
     end in part of a pair). 33 rows of int8 on AMX take the integer tiles, three passes of up to 16 rows, and of
-    int4 the bf16 tiles of its decode batches, three row groups; 20 rows of int8 over 96 features (not in the
-    integer tiles' 64s) take the strips, one pass whose second row group holds four rows."""
+    int4 the bf16 tiles of its decode batches, three row groups; 52 rows of int8 over 96 features (not in the
+    integer tiles' 64s) take the strips, two passes, the second's second row group four rows."""
     generator = torch.Generator().manual_seed(rows + outputs)
     weight = quantize(torch.randn(outputs, inputs, generator=generator), method)
     x = torch.randn(rows, inputs, generator=generator).bfloat16()
@@ -224,12 +225,15 @@ def test_every_variant_s_rows_match_the_torch_oracle(variant, method, dtype):
     vector kernels, and from nine rows outputs in sixteens take the 16-bit integer panels: x rounded a block of 32
     features at a time, or a slice of 256 where every slice lies in one of the weights' groups (int8's one scale an
     output: 576 features are two slices and one of 64; groups of 512), six rows a register tile (9, 10, 13 and 128
-    rows end in a part-filled one), 32 features one block. One feature 50 times the rest rounds only its own span
-    coarser."""
+    rows end in a part-filled one), 32 features one block. In the AVX-512 variants, 9 to 48 rows that no AMX tiles
+    take run through the few-rows kernels in passes of up to eight, split evenly (9 rows: five and four; 17: six,
+    six and five; 48: six of eight), and 49 take the path past them. One feature 50 times the rest rounds only its
+    own span coarser."""
     compiled = cpu.load_variant(variant)
     assert compiled is not None, f"the {variant.name} kernels must be built at install"
     cases = [(1, 48, 576, 32), (2, 64, 1088, 1088), (5, 32, 576, 64), (8, 48, 1024, 512), (9, 48, 1088, 32),
-             (13, 64, 576, 576), (128, 32, 576, 64), (10, 16, 1024, 512), (12, 16, 32, 32), (12, 20, 96, 32)]
+             (13, 64, 576, 576), (128, 32, 576, 64), (10, 16, 1024, 512), (12, 16, 32, 32), (12, 20, 96, 32),
+             (17, 48, 576, 32), (48, 32, 1088, 64), (49, 16, 576, 576)]
     for rows, outputs, inputs, group_size in cases:
         generator = torch.Generator().manual_seed(rows + outputs + inputs + group_size)
         weight = grouped_weight(method, outputs, inputs, group_size, generator)

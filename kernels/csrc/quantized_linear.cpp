@@ -3,8 +3,9 @@
 // scale per output channel; groups are multiples of 32). x is fp32 or bf16, [M, K]; y has
 // x's dtype, [M, N].
 //
-// A few rows (up to 8) read each output's codes once, straight into registers: at batch 1 the step is bound by
-// reading the weights, which are a quarter (int8) or an eighth (int4) of their fp32 bytes. Those rows are first
+// A few rows (up to 8; with AVX512-VNNI up to 48, in passes of 8 or fewer) read each output's codes once a pass,
+// straight into registers: at batch 1 the step is bound by reading the weights, which are a quarter (int8) or an
+// eighth (int4) of their fp32 bytes. Those rows are first
 // rounded to 16-bit integers, a scale per block of 32 features (or per span of them, where the weights' groups
 // allow: span_rows.h), so that the dot products run as integer multiply-adds: int4's as byte
 // multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one row with AVX2
@@ -15,8 +16,8 @@
 // x rounded to 16-bit integers and 16 outputs' codes widened into a panel of feature pairs for 16-bit integer
 // multiply-adds (int16_panels.h); else a task owns 4 output features, dequantises their weights (integer times group
 // scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows
-// x 4 outputs of accumulators, each weight loaded once per 4 rows. With AVX512-BF16, 9 or more bf16 rows the integer
-// tiles do not take run over the weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them
+// x 4 outputs of accumulators, each weight loaded once per 4 rows. With AVX512-BF16, 49 or more bf16 rows the
+// integer tiles do not take run over the weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them
 // (dequantised_bf16_linear), else through oneDNN.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -218,6 +219,18 @@ void tile(const T* x, int64_t ldx, int64_t rows, const float* weights, int64_t l
 // and 8 rows (int8; int4 0.60-0.94x); with AVX512-VNNI, on two Zen 5 cores, SmolLM2's 120 layers in turn took
 // 0.43-0.45x the tiles' time at 4 rows, 0.42-0.44x at 6 and 0.51-0.56x at 8 (int8 and int4).
 constexpr int64_t kFewRows = 8;
+#ifdef __AVX512VNNI__
+// Up to this many rows that no AMX tiles take run through the few-rows kernels, in as few passes of up to kFewRows
+// rows as cover them, split evenly (nine rows: five, then four): the codes stay integers, where the path past them
+// dequantises every weight to bf16 (or fp32) on every call. SmolLM2's 120 layers on two Emerald Rapids cores with
+// the avx512_bf16 variant and oneDNN held to AVX512-BF16 (Zen 4's kernels): int4 0.43x the dequantised path's time
+// at 9 rows, 0.53x at 16, 0.73x at 32, 0.76x at 48, about 1.0x at 64; int8 0.37x, 0.40x, 0.59x, 0.58x and 0.71x.
+// With the avx512 variant over fp32 rows: int4 0.64x at 9 rows to 0.82x at 48, int8 0.59-0.63x. With AVX2 alone
+// the 16-bit panels past eight rows were as fast as the passes (0.9-1.0x at 9-16 rows, slower from 24): no passes.
+constexpr int64_t kSlicedRows = 48;
+#else
+constexpr int64_t kSlicedRows = kFewRows;
+#endif
 
 // Few rows (decoding a few sequences, or one with its speculative guesses) rounded to 16-bit integers, block-major
 // so that one block's rows sit side by side: codes [blocks, R, 32], a scale per block and row [blocks, R], and the
@@ -346,6 +359,39 @@ void int8_few_rows_in_spans(const vigil::SpanRows& xq, int64_t K, int64_t N, con
 }
 #endif
 
+#ifdef VIGIL_AVX2
+// One to kFewRows rows of x, each output's codes read once for all of them. x is rounded straight from its dtype:
+// a conversion to fp32 first cost 0.65 us a call, 121 calls a step.
+template <typename T, typename Rows>
+void few_rows_of(const T* xp, int64_t ldx, int64_t M, int64_t K, int64_t N, const Rows& rows_of_w, T* yp) {
+  vigil::with_rows<kFewRows>(M, [&](auto rows) {
+    constexpr int64_t R = decltype(rows)::value;
+    constexpr int64_t S = std::max<int64_t>(1, Rows::kSideBySide / R);
+#ifdef __AVX512VNNI__
+    if constexpr (std::is_same_v<Rows, Int4Rows>)
+      vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4>(xp, ldx, R, K, rows_of_w.group_size), K, N,
+                                     rows_of_w, yp);
+    else
+      vigil::int8_rows_by_vnni<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w,
+                                  yp);
+#else
+    if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1) {
+      vigil::int4_few_rows_by_bytes<R, S>(vigil::round_rows_to_split_bytes<2>(xp, ldx, R, K, rows_of_w.group_size),
+                                          K, N, rows_of_w, yp);
+      return;
+    }
+    if constexpr (std::is_same_v<Rows, Int8Rows>)
+      if (vigil::span_blocks_for(rows_of_w) > 1) {
+        int8_few_rows_in_spans<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w,
+                                  yp);
+        return;
+      }
+    few_rows_into<R, S>(round_rows(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
+#endif
+  });
+}
+#endif
+
 // Whether M rows take the AMX tiles (int8_amx_rows.h, int4_amx_rows.h), which the CPU may lack.
 template <typename Rows>
 bool rows_take_tiles(int64_t M, int64_t N, int64_t K, const Rows& rows_of_w) {
@@ -378,34 +424,10 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
   }
 #endif
 #ifdef VIGIL_AVX2
-  if (M <= kFewRows) {
-    // x is rounded straight from its dtype: a conversion to fp32 first cost 0.65 us a call, 121 calls a step.
-    vigil::with_rows<kFewRows>(
-        M, [&](auto rows) {
-          constexpr int64_t R = decltype(rows)::value;
-          constexpr int64_t S = std::max<int64_t>(1, Rows::kSideBySide / R);
-#ifdef __AVX512VNNI__
-          if constexpr (std::is_same_v<Rows, Int4Rows>)
-            vigil::int4_rows_by_vnni<R, S>(vigil::round_rows_to_split_bytes<4>(xp, ldx, R, K, rows_of_w.group_size),
-                                           K, N, rows_of_w, yp);
-          else
-            vigil::int8_rows_by_vnni<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N,
-                                        rows_of_w, yp);
-#else
-          if constexpr (std::is_same_v<Rows, Int4Rows> && R == 1) {
-            vigil::int4_few_rows_by_bytes<R, S>(
-                vigil::round_rows_to_split_bytes<2>(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
-            return;
-          }
-          if constexpr (std::is_same_v<Rows, Int8Rows>)
-            if (vigil::span_blocks_for(rows_of_w) > 1) {
-              int8_few_rows_in_spans<R>(vigil::round_rows_in_spans(xp, ldx, R, K, rows_of_w.group_size), K, N,
-                                        rows_of_w, yp);
-              return;
-            }
-          few_rows_into<R, S>(round_rows(xp, ldx, R, K, rows_of_w.group_size), K, N, rows_of_w, yp);
-#endif
-        });
+  if (M <= kSlicedRows) {
+    const int64_t passes = (M + kFewRows - 1) / kFewRows, slice = (M + passes - 1) / passes;
+    for (int64_t first = 0; first < M; first += slice)
+      few_rows_of(xp + first * ldx, ldx, std::min(slice, M - first), K, N, rows_of_w, yp + first * N);
     return;
   }
 #endif
@@ -443,9 +465,9 @@ void quantised_linear_into(const at::Tensor& x, const Rows& rows_of_w, at::Tenso
 // With AVX512-BF16, a batch of bf16 rows runs faster through oneDNN's bf16 GEMM, over the weights dequantised to
 // bf16 for this call only, than through the fp32 tiles above: its dot products do twice the work an instruction.
 // Measured on SmolLM2's shapes: the GEMM from 16 rows (375 against 667 us for 3072 x 576; 752 against 2179 at 64
-// rows). Below that the few-rows kernels take up to 8 rows, and the GEMM the rest: on two Zen 5 cores, SmolLM2's
-// 120 layers took 10.7 ms at 9 rows against the tiles' 14.1-14.6 (0.57-0.63x the tiles' time at 11 rows).
-constexpr int64_t kDequantisedRows = kFewRows + 1;
+// rows; on two Zen 5 cores, SmolLM2's 120 layers took 10.7 ms at 9 rows against the tiles' 14.1-14.6). It takes
+// the rows past kSlicedRows, which the few-rows kernels serve in passes.
+constexpr int64_t kDequantisedRows = kSlicedRows + 1;
 // A column pair reads its 32 outputs' codes a block at a time, 32 streams the hardware prefetchers do not follow:
 // each block is prefetched this many blocks ahead (SmolLM2's 120 layers, int4 at 32 rows: 0.80x the time; int8 and
 // int4 at 128 rows 0.86-0.93x; 1 to 4 blocks ahead alike, 8 and 16 less).
