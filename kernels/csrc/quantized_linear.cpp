@@ -5,20 +5,19 @@
 //
 // A few rows (up to 8; with AVX512-VNNI up to 48, in passes of 8 or fewer) read each output's codes once a pass,
 // straight into registers: at batch 1 the step is bound by reading the weights, which are a quarter (int8) or an
-// eighth (int4) of their fp32 bytes. Those rows are first
-// rounded to 16-bit integers, a scale per block of 32 features (or per span of them, where the weights' groups
-// allow: span_rows.h), so that the dot products run as integer multiply-adds: int4's as byte
-// multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h) or at one row with AVX2
-// (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16 of its block's (span's)
-// largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike take the integer
-// tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16 (int4_amx_rows.h), but bf16
-// rows from four to 64 take int4 dequantised into AMX's bf16 tiles (int4_amx_bf16.h). More rows: with AVX2 alone,
-// x rounded to 16-bit integers and 16 outputs' codes widened into a panel of feature pairs for 16-bit integer
-// multiply-adds (int16_panels.h); else a task owns 4 output features, dequantises their weights (integer times group
-// scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every row of x against them in 4 rows
-// x 4 outputs of accumulators, each weight loaded once per 4 rows. With AVX512-BF16, 49 or more bf16 rows the
-// integer tiles do not take run over the weights dequantised to bf16 instead: on AMX's bf16 tiles where the CPU has them
-// (dequantised_bf16_linear), else through oneDNN.
+// eighth (int4) of their fp32 bytes. Those rows are first rounded to 16-bit integers, a scale per block of 32
+// features (or per span of them, where the weights' groups allow: span_rows.h), so that the dot products run as
+// integer multiply-adds: int4's as byte multiply-adds, with AVX512-VNNI (every AVX-512 variant, int4_vnni_rows.h)
+// or at one row with AVX2 (int4_few_rows.h), the others as 16-bit ones; each feature is then off by at most 2^-16
+// of its block's (span's) largest magnitude (llama.cpp rounds to 8 bits). Where the CPU has AMX, rows rounded alike
+// take the integer tiles instead: int8 from three rows to 64 (int8_amx_rows.h), int4 from five to 16
+// (int4_amx_rows.h), but bf16 rows from four to 64 take int4 dequantised into AMX's bf16 tiles (int4_amx_bf16.h).
+// More rows: with AVX2 alone, x rounded to 16-bit integers and 16 outputs' codes widened into a panel of feature
+// pairs for 16-bit integer multiply-adds (int16_panels.h); else a task owns 4 output features, dequantises their
+// weights (integer times group scale) into an fp32 buffer that stays in L1, a slice of K at a time, and runs every
+// row of x against them in 4 rows x 4 outputs of accumulators, each weight loaded once per 4 rows. With
+// AVX512-BF16, 49 or more bf16 rows the integer tiles do not take run over the weights dequantised to bf16
+// instead: on AMX's bf16 tiles where the CPU has them (dequantised_bf16_linear), else through oneDNN.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -222,11 +221,12 @@ constexpr int64_t kFewRows = 8;
 #ifdef __AVX512VNNI__
 // Up to this many rows that no AMX tiles take run through the few-rows kernels, in as few passes of up to kFewRows
 // rows as cover them, split evenly (nine rows: five, then four): the codes stay integers, where the path past them
-// dequantises every weight to bf16 (or fp32) on every call. SmolLM2's 120 layers on two Emerald Rapids cores with
-// the avx512_bf16 variant and oneDNN held to AVX512-BF16 (Zen 4's kernels): int4 0.43x the dequantised path's time
-// at 9 rows, 0.53x at 16, 0.73x at 32, 0.76x at 48, about 1.0x at 64; int8 0.37x, 0.40x, 0.59x, 0.58x and 0.71x.
-// With the avx512 variant over fp32 rows: int4 0.64x at 9 rows to 0.82x at 48, int8 0.59-0.63x. With AVX2 alone
-// the 16-bit panels past eight rows were as fast as the passes (0.9-1.0x at 9-16 rows, slower from 24): no passes.
+// dequantises every weight to bf16 (or fp32) on every call, and oneDNN packs that copy again. SmolLM2's 120 layers
+// on two Xeon cores with the avx512_bf16 variant and oneDNN held to AVX512-BF16 (Zen 4's kernels), against the
+// dequantised path: int4 0.35x the time at 9 rows, 0.46x at 16, 0.58x at 32, 0.69x at 48; int8 0.29x, 0.32x, 0.41x
+// and 0.41x; at 64 rows int4 about 1.0x, int8 0.71-0.74x (the path being memory-bound, relatively cheaper on Zen).
+// The avx512 variant's fp32 rows: int4 0.64x at 9 rows to 0.82x at 48, int8 0.59-0.63x. With AVX2 alone the
+// 16-bit panels past eight rows were as fast as the passes (0.9-1.0x at 9-16 rows, slower from 24): no passes.
 constexpr int64_t kSlicedRows = 48;
 #else
 constexpr int64_t kSlicedRows = kFewRows;
