@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "amx_tiles.h"
+#include "compile_time_rows.h"
 #include "lane_sums.h"
 #include "simd_load.h"
 #include "span_rows.h"
@@ -24,8 +25,8 @@ namespace vigil {
 // Independent chains of multiply-adds a row at one to three rows, so that a block does not wait on the one before.
 constexpr int64_t int8_chains(int64_t rows) { return rows <= 3 ? 2 : 1; }
 
-// y[r, n] for every row; sixteen outputs end together (lane_sums.h).
-template <int64_t R, typename T, typename Rows, int64_t C = int8_chains(R)>
+// y[r, n] for every row; sixteen outputs end together (lane_sums.h). IntoL2: l2_prefetch_pays().
+template <int64_t R, bool IntoL2, typename T, typename Rows, int64_t C = int8_chains(R)>
 void int8_rows_by_vnni(const SpanRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
   const int64_t blocks = K / 32, blocks_per_group = w.group_size / 32;
   at::parallel_for(0, N, 16, [&, K, N](int64_t first, int64_t last) {
@@ -48,15 +49,16 @@ void int8_rows_by_vnni(const SpanRows& xq, int64_t K, int64_t N, const Rows& w, 
         const auto add_block = [&](int64_t b, __m512i (&chain)[R]) {
           // Prefetched a block at a time, as few_rows_linear.cpp does: a whole row's lines at once stall (one
           // and two rows 5-9% slower).
-#ifdef VIGIL_AMX
-          // On the CPUs with AMX (Sapphire and Emerald Rapids), whose L3 is slower to answer than Zen's, a line
-          // 2 KB ahead into L1 and one 16 KB ahead into L2, where L1 alone reached 4 KB ahead and held one and two
-          // rows to about 23 GB/s from L3. SmolLM2's 120 layers at one and two rows from L3 on two Emerald Rapids
-          // cores: 0.83-0.90x the time, the output layer 0.80-0.88x (on Zen 5 an L2 prefetch cost 1.08-1.11x).
-          if (b % 2 == 0) prefetch_line_near_and_far<2048, 16384>(codes + b * 32, end);
-#else
-          prefetch_ahead(codes + b * 32, 32, end);
-#endif
+          // On Intel's mesh L3, slower to answer than Zen's, a line 2 KB ahead into L1 and one 16 KB ahead into
+          // L2, where L1 alone reached 4 KB ahead and held one and two rows to about 23 GB/s from L3. SmolLM2's 120
+          // layers at one and two rows from L3 on two Emerald Rapids cores: 0.83-0.90x the time, the output layer
+          // 0.80-0.88x (on Zen 5 an L2 prefetch cost 1.08-1.11x). Chosen at run time, as for bf16's few rows: the
+          // AVX-512 builds without AMX serve Intel's other AVX-512 CPUs too.
+          if constexpr (IntoL2) {
+            if (b % 2 == 0) prefetch_line_near_and_far<2048, 16384>(codes + b * 32, end);
+          } else {
+            prefetch_ahead(codes + b * 32, 32, end);
+          }
           const __m512i wide = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 32)));
 #pragma GCC unroll 8
           for (int64_t r = 0; r < R; ++r)
@@ -99,6 +101,11 @@ void int8_rows_by_vnni(const SpanRows& xq, int64_t K, int64_t N, const Rows& w, 
       }
     }
   });
+}
+
+template <int64_t R, typename T, typename Rows>
+void int8_rows_by_vnni(const SpanRows& xq, int64_t K, int64_t N, const Rows& w, T* yp) {
+  with_flag(l2_prefetch_pays(), [&](auto l2) { int8_rows_by_vnni<R, decltype(l2)::value>(xq, K, N, w, yp); });
 }
 
 }  // namespace vigil
