@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "amx_tiles.h"
 #include "compile_time_rows.h"
 #include "lane_sums.h"
 #include "simd_load.h"
